@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize as gguf_quantize
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -37,6 +37,9 @@ def test_q8_0_act_zero_block():
 
 @given(arrays(np.float32, st.sampled_from([32, 96, 256]), elements=finite))
 def test_q8_0_act_round_trip_bound(x):
+    # a block whose amax/127 is subnormal has 1/d = inf (upstream too): outside the domain
+    amax = np.abs(x.reshape(-1, 32)).max(axis=1)
+    assume(np.all((amax == 0) | (amax > 1e-30)))
     d, q = quant.quantize_q8_0_act(x)
     back = quant.dequantize_q8_0_act(d, q).reshape(-1, 32)
     err = np.abs(back - x.reshape(-1, 32).astype(np.float64))
@@ -65,6 +68,8 @@ def test_q8_k_zero_block():
 
 @given(arrays(np.float32, st.sampled_from([256, 512]), elements=finite))
 def test_q8_k_bsums_and_round_trip(x):
+    amax = np.abs(x.reshape(-1, 256)).max(axis=1)
+    assume(np.all((amax == 0) | (amax > 1e-30)))  # -127/max must stay finite
     d, q, bs = quant.quantize_q8_k(x)
     assert bs.dtype == np.int16 and bs.shape == (x.size // 256, 16)
     assert np.array_equal(bs.astype(int), q.reshape(-1, 16, 16).astype(int).sum(axis=2))
