@@ -1,7 +1,9 @@
 // Activation quantisation (MODEL.md 4.1 Q8_K, 4.2 Q8_0-act), with upstream's float order:
 // the scale and its reciprocal are plain float32 operations and rounding is lrintf (ties to even
-// under the default rounding mode). Every quantised value lies in [-127, 127] (|x| <= amax), which
-// the SIMD kernels rely on for their unsigned x signed byte products.
+// under the default rounding mode). Values beyond the int8 range saturate (this only happens when
+// a subnormal block makes the reciprocal scale overflow to inf, where upstream's (int)lrintf(inf)
+// is platform-defined garbage); NaN quantises to 0. With a finite reciprocal |x*id| <= 127, so a
+// Q8_K code of -128 implies d == 0 (the IQ2_XXS SIMD kernels rely on this).
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -17,10 +19,10 @@ using namespace quant;
 namespace {
 
 inline int8_t round_clamp(float v) {
-    long q = std::lrintf(v);
-    if (q > 127) q = 127;
-    if (q < -128) q = -128;
-    return (int8_t)q;
+    if (v >= 127.0f) return 127;
+    if (v <= -128.0f) return -128;
+    if (v != v) return 0;
+    return (int8_t)std::lrintf(v);
 }
 
 void check_len(const char* what, int64_t n, int64_t block) {
