@@ -27,6 +27,7 @@ from gguf.quants import dequantize as _gguf_dequantize
 __all__ = [
     "QK8_0",
     "QK_K",
+    "FLOAT_ACT",
     "quantize_q8_0_act",
     "dequantize_q8_0_act",
     "quantize_q8_k",
@@ -45,6 +46,7 @@ QK_K = 256
 
 _Q = GGMLQuantizationType
 _FLOAT_TYPES = (_Q.F32, _Q.F16, _Q.BF16)
+FLOAT_ACT = _Q.F32  # activation type of float weights: the float activation, unquantised
 
 
 def _blocks(x: np.ndarray, block: int) -> np.ndarray:
