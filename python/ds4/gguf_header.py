@@ -349,6 +349,7 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
 def _parse(r: _Reader) -> GGUFHeader:
     magic = r.read(4)
     if magic != GGUF_MAGIC:
+        r.pos = 0
         raise r.fail(f"bad magic {magic!r}, expected {GGUF_MAGIC!r} (not a GGUF file)")
     version = r.u32()
     if version not in (2, 3):
