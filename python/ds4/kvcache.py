@@ -899,11 +899,13 @@ class KVCache:
             tokenizer = getattr(engine, "tokenizer", None)
         if tokenizer is None:
             raise InvalidArgumentError("KVCache needs an Engine or a tokenizer (token_to_bytes, encode_rendered)")
-        info = getattr(engine, "info", None)
-        if quant_bits is None and info is not None:
-            quant_bits = getattr(info, "routed_bits", None)
-        if shape is None and info is not None:
-            shape = getattr(info, "shape", None)
+        for source in (getattr(engine, "info", None), engine):
+            if source is None:
+                continue
+            if quant_bits is None:
+                quant_bits = getattr(source, "routed_bits", None)
+            if shape is None:
+                shape = getattr(source, "shape", None)
         return _Model(tokenizer, quant_bits, shape)
 
 
