@@ -353,7 +353,9 @@ def test_evict_keeps_directory_under_budget_with_stated_rule(tmp_path_factory, f
             break
         expect_gone.add(p[0])
         total -= p[3]
-    assert {p[0] for p in paths if not p[0].exists()} == expect_gone
+    # files with equal score and last use are interchangeable (upstream takes directory order)
+    gone = sorted(p[1:] for p in paths if not p[0].exists())
+    assert gone == sorted(p[1:] for p in paths if p[0] in expect_gone)
     assert cache.total_bytes() <= budget
 
 
