@@ -263,7 +263,16 @@ def _get_f32(h: GGUFHeader, key: str, pb: _Problems) -> float | None:
     if kv.type not in _F32_ACCEPTED:
         pb.add(f"metadata key {key} has type {_desc(kv)}, expected FLOAT32 (or FLOAT64/UINT32/INT32)")
         return None
+    if kv.type == GGUFValueType.FLOAT32:
+        return _f32_shortest(kv.value)
     return float(kv.value)
+
+
+def _f32_shortest(x: float) -> float:
+    """The shortest decimal that rounds to the same float32 (so 1e-6 stored as f32 reads back as
+    1e-6, and shapes compare equal to the tables they were written from)."""
+    import numpy as np
+    return float(str(np.float32(x)))
 
 
 def _get_array(h: GGUFHeader, key: str, pb: _Problems, subtypes: tuple[GGUFValueType, ...],
@@ -325,7 +334,8 @@ def read_shape(h: GGUFHeader, pb: _Problems | None = None) -> ModelShape:
         vals["compress_ratios"] = tuple(ratios)
     clamp = _get_array(h, p + METADATA_KEYS["swiglu_clamp"], pb, (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64), n_check)
     if clamp is not None and clamp[:n_check]:
-        first = float(clamp[0])
+        kv = h.metadata[p + METADATA_KEYS["swiglu_clamp"]]
+        first = _f32_shortest(clamp[0]) if kv.subtype == GGUFValueType.FLOAT32 else float(clamp[0])
         for il, c in enumerate(clamp[:n_check]):
             if not _f32_close(float(c), first):
                 pb.add(f"metadata key {p}swiglu_clamp_exp[{il}] = {c}, expected {first} (the same clamp on every layer)")
@@ -432,8 +442,8 @@ def _tokenizer_summary(h: GGUFHeader) -> TokenizerSummary:
 def _metadata_values(h: GGUFHeader) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, kv in h.metadata.items():
-        if kv.is_array and len(kv.value) > _BIG_ARRAY:
-            continue
+        if kv.is_array and (len(kv.value) > _BIG_ARRAY or k.startswith("tokenizer.ggml.")):
+            continue  # vocabularies are summarised in ModelInfo.tokenizer
         out[k] = list(kv.value) if kv.is_array else kv.value
     return out
 
