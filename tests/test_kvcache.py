@@ -107,6 +107,33 @@ def test_store_then_prepare_restores_and_evaluates_only_suffix(tmp_path):
     assert again.sha == entry.sha and again.hits == 1 and again.last_used >= entry.last_used
 
 
+def test_token_mode_keeps_tokens_exact(tmp_path, caplog):
+    eng = fk.FakeEngine()
+    cache = make(tmp_path)
+    tok = eng.tokenizer
+    text = fk.text_of(100, seed=50) + "ab"               # "ab" tokenizes to the merged id 259
+    entry = stored(cache, eng, text)
+    stored_tokens = tok.encode_rendered(text)
+    assert stored_tokens[-1] == 259 and entry.tokens == 101
+    tok.calls.clear()
+    prompt = stored_tokens + [1, 2]
+    prepared = cache.prepare(eng.session(), prompt, eng)
+    assert prepared.source == "disk" and prepared.cached_tokens == 101 and prepared.tokens == prompt
+    assert tok.calls == []                                # nothing was (re-)tokenized
+    # the same bytes spelled with other tokens: the file matches by text, not by tokens
+    respelled = stored_tokens[:-1] + [ord("a"), ord("b"), 5]
+    assert tok.decode_bytes(respelled).startswith(text.encode())
+    s = eng.session()
+    p2 = cache.prepare(s, respelled, eng)
+    assert p2.source == "cold" and p2.tokens == respelled and s.loads == 0
+    # ... whereas text mode takes it and tokenizes the text suffix
+    p3 = cache.prepare(eng.session(), text + "\x05", eng)
+    assert p3.source == "disk" and p3.tokens == stored_tokens + [5]
+    live = eng.session()
+    live.sync(stored_tokens)
+    assert cache.prepare(live, stored_tokens + [7], eng).source == "memory"
+
+
 def test_memory_reuse_needs_no_disk(tmp_path):
     eng = fk.FakeEngine()
     cache = make(tmp_path)

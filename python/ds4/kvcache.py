@@ -60,6 +60,7 @@ import errno
 import logging
 import math
 import os
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import kvcache_format as fmt
 from .errors import CacheFormatError, Ds4Error, Ds4IOError, InvalidArgumentError
-from .payload import PayloadHeader, check_payload_fits, read_payload_header, read_payload_info
+from .payload import PAYLOAD_HEADER_BYTES, PayloadHeader, check_payload_fits, read_payload_header, read_payload_info
 
 __all__ = [
     "MiB",
@@ -755,51 +756,68 @@ class KVCache:
     def prepare(
         self,
         session: Any,
-        rendered_text: str | bytes,
+        prompt: str | bytes | Sequence[int],
         model: Any = None,
         *,
         quant_bits: int | None = None,
         shape: Any = None,
         reuse_live: bool = True,
     ) -> PreparedPrompt:
-        """Decide how to reach ``rendered_text`` in ``session`` (RUNTIME.md §9.7 steps 7-9).
+        """Decide how to reach ``prompt`` in ``session`` (RUNTIME.md §9.7 steps 7-9).
 
-        1. live reuse: the session's token text is a byte prefix of the prompt;
-        2. otherwise store the live state (``evict``) and try the disk (longest prefix first,
-           skipping unreadable or incompatible files with a warning);
+        ``prompt`` is rendered chat text (``str`` or UTF-8 ``bytes``), or a token list.
+
+        1. live reuse: the session's token text is a byte prefix of the prompt (token mode: its
+           tokens are a prefix of the prompt tokens);
+        2. otherwise store the live state (``evict``) and try the disk, longest prefix first,
+           skipping unreadable or incompatible files with a warning;
         3. otherwise tokenize the whole prompt and plan a ``cold`` store.
-        Only the text after a reused prefix is tokenized.
+
+        Text mode tokenizes only the text after a reused prefix, as upstream does (BPE may merge
+        across the boundary, so the request's own tokenization is not sliced). Token mode keeps the
+        given tokens exactly and only accepts files whose token history is a prefix of them.
         """
         m = self._model(session, model, quant_bits, shape)
-        prompt = rendered_text.encode() if isinstance(rendered_text, str) else bytes(rendered_text)
+        exact: list[int] | None = None
+        if isinstance(prompt, (str, bytes, bytearray, memoryview)):
+            data = prompt.encode() if isinstance(prompt, str) else bytes(prompt)
+        else:
+            exact = [int(t) for t in prompt]
+            data = _token_bytes(m.tokenizer, exact)
         live = list(session.tokens)
         if reuse_live and live:
-            live_text = _token_bytes(m.tokenizer, live)
-            if prompt.startswith(live_text):
-                suffix = _encode_suffix(m.tokenizer, prompt[len(live_text):])
-                if suffix is not None:
-                    return PreparedPrompt(live + suffix, len(live), "memory")
+            if exact is not None:
+                if exact[: len(live)] == live:
+                    return PreparedPrompt(exact, len(live), "memory")
+            else:
+                live_text = _token_bytes(m.tokenizer, live)
+                if data.startswith(live_text):
+                    suffix = _encode_suffix(m.tokenizer, data[len(live_text):])
+                    if suffix is not None:
+                        return PreparedPrompt(live + suffix, len(live), "memory")
         self.last_store_tokens = 0
         if len(live) >= self.min_tokens:
             self.store(session, "evict", m.tokenizer, quant_bits=m.quant_bits, shape=m.shape)
-        hit = self._load_best(session, prompt, m)
+        hit = self._load_best(session, data, m, exact)
         if hit is not None:
             return hit
-        if isinstance(rendered_text, str):
-            full_text = rendered_text
+        if exact is not None:
+            tokens = exact
         else:
             try:
-                full_text = prompt.decode("utf-8")
+                full_text = prompt if isinstance(prompt, str) else data.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise InvalidArgumentError(f"rendered prompt is not valid UTF-8 at byte {e.start}") from e
-        tokens = list(m.tokenizer.encode_rendered(full_text))
+            tokens = list(m.tokenizer.encode_rendered(full_text))
         cold_len = 0
         if self.cold_max_tokens > 0 and self.min_tokens <= len(tokens) <= self.cold_max_tokens:
             anchor = self.chat_anchor(tokens, m.tokenizer)
             cold_len = anchor if anchor >= self.min_tokens else self.store_len(len(tokens))
         return PreparedPrompt(tokens, 0, "cold", cold_len=cold_len)
 
-    def _load_best(self, session: Any, prompt: bytes, m: _Model) -> PreparedPrompt | None:
+    def _load_best(
+        self, session: Any, prompt: bytes, m: _Model, exact: list[int] | None = None
+    ) -> PreparedPrompt | None:
         for entry in self.candidates(prompt, session.ctx, m.quant_bits):
             t0 = time.perf_counter()
             try:
@@ -811,7 +829,15 @@ class KVCache:
             except CacheFormatError as e:
                 log.warning("kv cache load failed: %s", e)
                 continue
-            suffix = _encode_suffix(m.tokenizer, prompt[len(cf.text):])
+            if exact is not None:
+                n = cf.payload_header.tokens
+                stored = struct.unpack_from(f"<{n}I", cf.payload, PAYLOAD_HEADER_BYTES)
+                if len(exact) < n or list(stored) != exact[:n]:
+                    log.debug("kv cache skipped %s: its tokens are not a prefix of the prompt tokens", entry.path)
+                    continue
+                suffix: list[int] | None = exact[n:]
+            else:
+                suffix = _encode_suffix(m.tokenizer, prompt[len(cf.text):])
             if suffix is None:
                 log.info("kv cache skipped %s: its text ends inside a UTF-8 character", entry.path)
                 continue
@@ -825,9 +851,9 @@ class KVCache:
                 log.warning("kv cache discarded corrupt text-prefix payload %s: restored %d tokens, "
                             "header says %d", entry.path, len(loaded), cf.entry.tokens)
                 self.remove(entry)
-                invalidate = getattr(session, "invalidate", None)
-                if invalidate is not None:
-                    invalidate()
+                drop = getattr(session, "invalidate", None) or getattr(session, "reset", None)
+                if drop is not None:
+                    drop()
                 continue
             load_ms = (time.perf_counter() - t0) * 1e3
             self.last_store_tokens = len(loaded)
