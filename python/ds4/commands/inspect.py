@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     path = args.file if args.file is not None else default_model_path()
     info = inspect(path, ctx=args.ctx, strict=args.strict)
     if args.json:
-        json.dump(info.to_dict(), sys.stdout, indent=1)
+        json.dump(info.to_dict(), sys.stdout, indent=1, ensure_ascii=False)
         sys.stdout.write("\n")
         return 0
     print(info.summary())
