@@ -241,11 +241,25 @@ def scan_directory(
                     f"truncated: {size} bytes, header implies at least {header.min_file_size}"
                 )
         except CacheFormatError as e:
-            log.warning("kv cache ignoring invalid file %s: %s", path, e)
+            _warn_once(path, size, f"kv cache ignoring invalid file {path}: {e}")
             invalid.append(InvalidCacheFile(path, size, str(e)))
             continue
         entries.append(CacheEntry(sha, path, header, size))
     return entries, invalid
+
+
+_warned: set[tuple[str, int, int]] = set()
+
+
+def _warn_once(path: Path, size: int, message: str) -> None:
+    """Every scan meets the same invalid file again: say it once per file version per process."""
+    try:
+        key = (str(path), size, path.stat().st_mtime_ns)
+    except OSError:
+        key = (str(path), size, 0)
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s", message)
 
 
 def _maybe_remove_temp(path: Path, pid: int, now: float, stale_seconds: float) -> None:
