@@ -296,12 +296,17 @@ def _f32_close(found: float, expected: float) -> bool:
     return abs(found - expected) <= 1e-6 * max(1.0, abs(expected))
 
 
-def read_shape(h: GGUFHeader, pb: _Problems | None = None) -> ModelShape:
+def read_shape(h: GGUFHeader) -> ModelShape:
     """The :class:`ModelShape` a ``deepseek4`` header declares, with every key's GGUF type checked
     (MODEL.md §1.1: UINT32 exactly for integers, F32/F64/U32/I32 for floats, BOOL, arrays per
     entry). Raises ModelFormatError listing every problem."""
-    own = pb is None
-    pb = pb or _Problems(h.path)
+    pb = _Problems(h.path)
+    shape = _read_shape(h, pb)
+    pb.raise_if_any()
+    return shape
+
+
+def _read_shape(h: GGUFHeader, pb: _Problems) -> ModelShape:
     p = ARCH + "."
     vals: dict[str, Any] = {}
     for fld, key in METADATA_KEYS.items():
@@ -350,7 +355,6 @@ def read_shape(h: GGUFHeader, pb: _Problems | None = None) -> ModelShape:
         # optional; upstream reads a wrong-typed value as 0
         if kv is not None and kv.type == GGUFValueType.UINT32 and kv.value != 0:
             pb.add(f"metadata key {p}{k} = {kv.value}, expected 0 (grouped routing is not used)")
-    pb.raise_if_any() if own else None
     if any(v is None for v in vals.values()) or "compress_ratios" not in vals or "swiglu_clamp" not in vals:
         pb.raise_if_any()
         raise ModelFormatError(f"{h.path}: incomplete DS4 metadata")
@@ -538,7 +542,7 @@ def inspect(path: str | os.PathLike[str], ctx: int | None = None, strict: bool =
                          n_params=n, n_params_active=n, memory=None, mla=mla, **common)  # type: ignore[arg-type]
 
     pb = _Problems(path)
-    shape = read_shape(h, pb)
+    shape = _read_shape(h, pb)
     variant = _variant(shape, pb)
     if strict and variant == "custom":
         pb.add(f"strict mode accepts only DeepSeek V4 Flash or Pro; this is a custom shape "
