@@ -362,3 +362,25 @@ def test_deepseek_v2_lite(tmp_path, split):
 
 def test_deepseek4_is_supported(tiny_full):
     ds4.inspect(tiny_full).check_supported()
+
+
+# RUNTIME.md §5.3 worked values (graph backend) and the CPU figure, in MiB to one decimal.
+@pytest.mark.parametrize("ctx, backend, mib", [
+    (32768, "graph", 751.7), (100000, "graph", 1896.6), (393216, "graph", 6889.7),
+    (1048576, "graph", 18049.7), (32768, "cpu", 441.0),
+])
+def test_upstream_context_estimate(ctx, backend, mib):
+    from ds4.memory_plan import context_estimate
+    e = context_estimate(FLASH, ctx, backend)
+    assert round(e.total / 2**20, 1) == mib
+
+
+def test_upstream_context_estimate_bytes_at_32768():
+    from ds4.memory_plan import context_estimate
+    e = context_estimate(FLASH, 32768, "graph")
+    assert (e.raw, e.compressed, e.scratch, e.total) == (202_899_456, 451_077_120, 134_250_496, 788_227_072)
+    assert (e.prefill_cap, e.raw_cap, e.comp_cap) == (2048, 2304, 8194)
+    c = context_estimate(FLASH, 32768, "cpu")
+    assert (c.prefill_cap, c.raw_cap, c.comp_cap) == (0, 128, 8194)
+    with pytest.raises(InvalidArgumentError):
+        context_estimate(FLASH, 10, "tpu")

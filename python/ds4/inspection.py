@@ -21,7 +21,7 @@ from typing import Any
 from .errors import ModelFormatError, UnsupportedModelError
 from .gguf_header import KV, GGMLType, GGUFHeader, GGUFValueType, TensorHeader, read_header, type_name
 from .layout import ROUTED_TYPES, mtp_tensor_specs, shape_problems, tensor_specs
-from .memory_plan import DEFAULT_CTX, MiB, MemoryPlan, memory_plan
+from .memory_plan import DEFAULT_CTX, MiB, MemoryPlan, context_estimate, memory_plan
 from .shape import ARCH, FLASH, METADATA_KEYS, PRO, ModelShape
 
 __all__ = ["inspect", "ModelInfo", "TensorInfo", "TokenizerSummary", "MLAInfo", "read_shape"]
@@ -176,6 +176,11 @@ class ModelInfo:
                          f"indexer {mp.indexer_bytes / MiB:.2f} MiB, frontiers {mp.frontier_bytes / MiB:.2f} MiB, "
                          f"logits {mp.logits_bytes / MiB:.2f} MiB; context {mp.context_bytes / MiB:.2f} MiB + weights "
                          f"{mp.weights_bytes / MiB:.2f} MiB = {mp.total_bytes / MiB:.2f} MiB")
+            if s is not None:
+                cpu, gpu = context_estimate(s, mp.ctx, "cpu"), context_estimate(s, mp.ctx, "graph")
+                lines.append(f"estimate    upstream context buffers: cpu {cpu.total / MiB:.2f} MiB, "
+                             f"metal/cuda {gpu.total / MiB:.2f} MiB (raw_kv_rows={gpu.raw_cap}, "
+                             f"compressed_kv_rows={gpu.comp_cap})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
