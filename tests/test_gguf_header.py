@@ -171,6 +171,7 @@ def test_random_header_corruption_never_crashes(rich_file, tmp_path_factory, dat
     (two_tensor_file(magic=b"GGML"), r"bad magic b'GGML'.*not a GGUF file"),
     (two_tensor_file(version=1), "unsupported GGUF version 1"),
     (two_tensor_file(version=4), "unsupported GGUF version 4"),
+    (two_tensor_file(version=3 << 24), "big-endian"),
     (two_tensor_file(n_tensors=2**62), "tensor count .* cannot fit"),
     (two_tensor_file(n_kv=2**40), "metadata count .* cannot fit"),
     (build([s("k") + struct.pack("<I", 99)], []), "unknown value type id 99"),
