@@ -307,6 +307,18 @@ def test_existing_compatible_file_is_kept_and_trailer_rewritten(tmp_path):
     assert prepared.tool_map == {"id1": b"<tool_calls>T</tool_calls>"}
 
 
+def test_tool_maps_scan_every_file(tmp_path):
+    eng = fk.FakeEngine()
+    cache = make(tmp_path)
+    a = fk.text_of(40, seed=16) + "<tool_calls>A</tool_calls>"
+    b = fk.text_of(40, seed=17) + "<tool_calls>B</tool_calls>"
+    stored(cache, eng, a, tool_map={"ida": b"<tool_calls>A</tool_calls>", "idb": b"<tool_calls>B</tool_calls>"})
+    stored(cache, eng, b, tool_map={"idb": b"<tool_calls>B</tool_calls>"})
+    stored(cache, eng, fk.text_of(40, seed=18))
+    assert cache.tool_maps() == {"ida": b"<tool_calls>A</tool_calls>", "idb": b"<tool_calls>B</tool_calls>"}
+    assert cache.tool_maps(["idb", "zzz"]) == {"idb": b"<tool_calls>B</tool_calls>"}
+
+
 def test_incompatible_existing_file_is_replaced(tmp_path):
     eng = fk.FakeEngine()
     cache = make(tmp_path)

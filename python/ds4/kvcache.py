@@ -64,7 +64,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import kvcache_format as fmt
 from .errors import CacheFormatError, Ds4Error, Ds4IOError, InvalidArgumentError
@@ -567,6 +567,24 @@ class KVCache:
         except CacheFormatError as e:
             raise CacheFormatError(f"{path}: {e}") from e
         return CacheEntry(sha, path, header, size)
+
+    def tool_maps(self, wanted: Iterable[str] | None = None) -> dict[str, bytes]:
+        """Tool-id -> exact DSML pairs from every file with a KTM trailer (only ``wanted`` ids if
+        given), so exact tool-call replay survives restarts whichever file wins the lookup."""
+        want = None if wanted is None else set(wanted)
+        out: dict[str, bytes] = {}
+        entries, _ = self.scan()
+        for e in entries:
+            if not e.ext_flags & fmt.EXT_TOOL_MAP:
+                continue
+            try:
+                with open(e.path, "rb") as fp:
+                    fp.seek(e.header.min_file_size)
+                    pairs = fmt.decode_tool_map(fp.read())
+            except OSError:
+                continue
+            out.update({k: v for k, v in pairs.items() if want is None or k in want})
+        return out
 
     # ------------------------------------------------------------ eviction (§7.6)
 
