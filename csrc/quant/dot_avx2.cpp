@@ -11,7 +11,7 @@ namespace {
 #include "quant/dot_x86_common.inc"
 
 const DotKernels kAvx2{x86_dot_f32, x86_dot_half<false>, x86_dot_half<true>, x86_dot_q8_0,
-                       x86_dot_q2_k, x86_dot_q4_k, x86_dot_iq2_xxs};
+                       x86_dot_q2_k, x86_dot_q4_k, x86_dot_iq2_xxs_t<iq2xxs_block_avx2>};
 }  // namespace
 
 const DotKernels& avx2_kernels() { return kAvx2; }
