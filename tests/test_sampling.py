@@ -180,6 +180,23 @@ def test_sample_equals_reference_larger_vocab(seed, params, n):
     assert a.state == b.state
 
 
+@given(st.integers(0, 2**32), st.sampled_from([0.0, 0.05]), st.sampled_from([1.0, 0.9]))
+def test_chunked_draw_walk_equals_reference(seed, min_p, top_p):
+    # The draw walk runs in chunks carrying the float32 running value; tiny chunks must not change it.
+    import ds4.sampling as S
+
+    g = np.random.default_rng(seed)
+    logits = g.normal(0, 1, 200).astype(np.float32)
+    saved = S._WALK_CHUNK
+    S._WALK_CHUNK = 3
+    try:
+        a, b = Rng(seed), Rng(seed)
+        got = sample(logits, 1.0, 0, top_p, min_p, a)
+    finally:
+        S._WALK_CHUNK = saved
+    assert got == ref_sample(logits, 1.0, 0, top_p, min_p, b, total=lambda xs: F(np.sum(np.array(xs, np.float32))))
+
+
 # ---- greedy and edge cases ---------------------------------------------------------------------
 
 

@@ -124,9 +124,12 @@ def _as_logits(logits) -> np.ndarray:
 def argmax(logits) -> int:
     """First index of the maximum; NaN never wins; 0 when nothing exceeds -1e30 (upstream)."""
     a = _as_logits(logits)
-    clean = np.where(np.isnan(a), -np.inf, a)
-    i = int(np.argmax(clean))
-    return i if clean[i] > _NEG_INF else 0
+    i = int(np.argmax(a))  # numpy returns the first NaN if there is one
+    if np.isnan(a[i]):
+        clean = np.where(np.isnan(a), -np.inf, a)
+        i = int(np.argmax(clean))
+        return i if clean[i] > _NEG_INF else 0
+    return i if a[i] > _NEG_INF else 0
 
 
 def argmax_excluding(logits, excluded: int) -> int:
@@ -188,14 +191,27 @@ def _filter_sorted(probs: np.ndarray, total: np.float32, top_p: np.float32, min_
     return min(stops) if stops else None
 
 
+_WALK_CHUNK = 8192
+
+
 def _draw(probs: np.ndarray, total: np.float32, rng: Rng) -> int | None:
-    """Index where ``r = u * total`` minus the running probs first drops to <= 0 (float32, in order)."""
+    """Index where ``r = u * total`` minus the running probs first drops to <= 0 (float32, in order).
+
+    The walk is an exact sequential float32 running sum (``cumsum`` of ``[r, -p0, -p1, ...]``), done
+    in chunks that carry the running value so a long list stops early.
+    """
     r = _F32(rng.uniform() * total)
-    seq = np.empty(probs.size + 1, dtype=np.float32)
-    seq[0] = r
-    np.negative(probs, out=seq[1:])
-    hit = np.flatnonzero(np.cumsum(seq, dtype=np.float32)[1:] <= 0)
-    return int(hit[0]) if hit.size else None
+    for start in range(0, probs.size, _WALK_CHUNK):
+        part = probs[start:start + _WALK_CHUNK]
+        seq = np.empty(part.size + 1, dtype=np.float32)
+        seq[0] = r
+        np.negative(part, out=seq[1:])
+        run = np.cumsum(seq, dtype=np.float32)
+        hit = np.flatnonzero(run[1:] <= 0)
+        if hit.size:
+            return start + int(hit[0])
+        r = run[-1]
+    return None
 
 
 def _draw_sorted(cand: np.ndarray, w: np.ndarray, kept: int, rng: Rng) -> int:
@@ -222,16 +238,21 @@ def _sample_full_vocab(a: np.ndarray, temperature, top_p, min_p, rng: Rng) -> in
         # Only tokens with exp(arg) >= min_p are kept; pre-select with a margin, then test exactly.
         if min_p > 0:
             idx = np.flatnonzero(args >= _F32(math.log(min(float(min_p), 1.0)) - 1e-3))
+            w = np.exp(args[idx]).astype(np.float32, copy=False)
+            keep = w >= min_p
+            idx, w = idx[keep], w[keep]
+        elif finite is None:
+            idx, w = None, np.exp(args).astype(np.float32, copy=False)  # every token is kept
         else:
-            idx = np.arange(a.size) if finite is None else np.flatnonzero(finite)
-        w = np.exp(args[idx]).astype(np.float32, copy=False)
-        keep = w >= min_p
-        idx, w = idx[keep], w[keep]
+            idx = np.flatnonzero(finite)
+            w = np.exp(args[idx]).astype(np.float32, copy=False)
         total = _F32(np.sum(w, dtype=np.float32)) if w.size else _F32(0)
         if not (total > 0 and np.isfinite(total)):
             return best()
         hit = _draw(w, total, rng)
-        return int(idx[hit]) if hit is not None else best()
+        if hit is None:
+            return best()
+        return hit if idx is None else int(idx[hit])
 
     # Sorted branch: the total runs over every finite token.
     w_all = np.exp(args).astype(np.float32, copy=False)  # non-finite logits give exp(-inf) = 0
@@ -309,12 +330,17 @@ def sample(
 
 
 def _logsumexp_finite(a: np.ndarray) -> float | None:
-    finite = np.isfinite(a)
-    if not finite.any():
-        return None
-    v = a[finite].astype(np.float64)
-    m = float(v.max())
-    return m + math.log(float(np.sum(np.exp(v - m))))
+    """M + log(sum(exp(l - M))) over the finite logits, in double (upstream's log-sum-exp)."""
+    hi, lo = a.max(), a.min()
+    if np.isfinite(hi) and np.isfinite(lo):
+        v = a
+    else:
+        v = a[np.isfinite(a)]
+        if v.size == 0:
+            return None
+        hi = v.max()
+    m = float(hi)
+    return m + math.log(float(np.sum(np.exp(v.astype(np.float64) - m))))
 
 
 def log_softmax(logits) -> np.ndarray:
