@@ -4,6 +4,11 @@ Clarity over speed: one module per concept (quant formats, hyper-connections, Ro
 attention, compressor, indexer, MoE, output head, state), numerics as MODEL.md §3-§4 pins them.
 Only for small (synthetic) models: weights are dequantised to float32 in memory.
 
+Validated against upstream antirez/ds4's own CPU backend on the tiny synthetic model
+(scripts/upstream_oracle/): fed upstream's intermediate inputs every stage agrees to ~1e-6
+relative, saved cache states match field by field, and end-to-end logits differ from upstream as
+much as upstream's strict and fast-math builds differ from each other (mean abs ~0.03).
+
     >>> import ds4.reference as ref                       # doctest: +SKIP
     >>> m = ref.ReferenceModel("tiny.gguf")               # doctest: +SKIP
     >>> st = m.new_state(256)                             # doctest: +SKIP
