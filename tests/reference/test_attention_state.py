@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ds4.reference.attention import attend
 from ds4.reference.numerics import NEG
 from ds4.reference.state import LayerState, ReferenceState
-from ds4.shape import FLASH, ModelShape, flash_ratios
+from ds4.shape import ModelShape, flash_ratios
 
 seeds = st.integers(0, 2**32 - 1)
 

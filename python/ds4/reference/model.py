@@ -178,10 +178,13 @@ class ReferenceModel:
         """Evaluate one token at ``st.pos``; returns the next-token logits (float32[n_vocab])."""
         return self._forward(st, int(token), True, trace)
 
-    def prefill(self, st: ReferenceState, tokens: Sequence[int], trace: dict | None = None) -> np.ndarray:
+    def prefill(self, st: ReferenceState, tokens: Sequence[int], trace: dict | None = None,
+                finish: bool = True) -> np.ndarray:
         """Evaluate ``tokens`` in order from ``st.pos``; returns the last token's logits.
 
-        Same per-token math as :meth:`decode`, then the after-prefill frontier reset.
+        Same per-token math as :meth:`decode`; then, unless ``finish`` is false, the after-prefill
+        frontier reset (numerically a no-op; it makes the state byte-equal to upstream's after a
+        prefill). :meth:`decode` never resets.
         """
         tokens = [int(t) for t in tokens]
         if not tokens:
@@ -190,7 +193,8 @@ class ReferenceModel:
             raise ContextOverflowError(f"{st.pos} + {len(tokens)} tokens exceed the context of {st.ctx}")
         for i, t in enumerate(tokens):
             logits = self._forward(st, t, i == len(tokens) - 1, trace)
-        st.finish_prefill()
+        if finish:
+            st.finish_prefill()
         return logits
 
     # ---- MTP ----

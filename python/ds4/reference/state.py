@@ -221,6 +221,8 @@ class ReferenceState:
             out += ls.payload_arrays()
         return out
 
+    to_payload_arrays = payload_arrays  # the name the C++ comparison tests use
+
     def payload_header(self, prefill_cap: int | None = None) -> tuple[int, ...]:
         """The 13 u32 header fields (RUNTIME.md §6.1)."""
         s = self.shape
