@@ -177,3 +177,22 @@ def test_token_prompts_restore_exact_prefixes(engine, tmp_path):
     ref.sync(more[: p.cold_len])
     ref.sync(more)
     assert np.array_equal(np.asarray(s2.logits), np.asarray(ref.logits))
+
+
+def test_continued_checkpoints_during_prefill_equal_fresh_prefills(engine, tmp_path):
+    from ds4.kvcache import KVCache
+
+    cache = KVCache(tmp_path / "kv", min_tokens=32, cold_max_tokens=0, continued_interval=64,
+                    boundary_align=32)
+    tokens = engine.tokenizer.encode_rendered(prompt_text(engine, 120, seed=6))
+    assert len(tokens) > 200
+    s = engine.session(ctx=1024)
+    cache.sync(s, cache.prepare(s, tokens, engine), engine)
+    stored = sorted(cache.entries(), key=lambda e: e.tokens)
+    assert [e.tokens for e in stored] == list(range(64, len(tokens) + 1, 64))
+    assert all(e.reason == "continued" for e in stored)
+    for e in stored:
+        fresh = engine.session(ctx=1024)
+        fresh.sync(tokens[: e.tokens])
+        # a checkpoint taken mid-prefill is exactly the state of a prefill that stops there
+        assert cache.read(e).payload == fresh.save_payload()
