@@ -13,7 +13,8 @@ Tolerance (derived, not tuned). Every kernel computes exact integer block sums (
 So |y - ref64| <= (K + C) * u * S + u * |ref64| + floor, where S = sum_i |w_i * xa_i| bounds
 sum|t_b| (for Q2_K/Q4_K, S counts the d part and the min part separately: |W_d|.|xa| + |W_m|.|xa|,
 because their difference may cancel), K = number of float summands per row (n for float weights,
-n/32 for Q8_0, 2n/256 for Q2_K/Q4_K, n/256 for IQ2_XXS), and floor = K * 2^-120 covers subnormal
+n/32 for Q8_0, 2n/256 for Q2_K/Q4_K, 9n/256 for IQ2_XXS, whose NEON order adds the eight
+sub-block terms of a block in float before scaling by d), and floor = K * 2^-120 covers subnormal
 scale products (each term's absolute error is at most 2^-149 * |isum| <= 2^-149 * 2^26).
 F32 weights accumulate in double: n * 2^-53 * S + u * |ref64|.
 The same bound applied to two paths bounds their difference by twice it.
@@ -57,7 +58,7 @@ def simd_path(path):
 
 
 def _summands(qtype, n):
-    return {Q.Q8_0: n // 32, Q.Q2_K: 2 * n // 256, Q.Q4_K: 2 * n // 256, Q.IQ2_XXS: n // 256}.get(Q(qtype), n)
+    return {Q.Q8_0: n // 32, Q.Q2_K: 2 * n // 256, Q.Q4_K: 2 * n // 256, Q.IQ2_XXS: 9 * n // 256}.get(Q(qtype), n)
 
 
 def _reference(qtype, raw, n, rows, x):

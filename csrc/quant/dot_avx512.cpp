@@ -1,6 +1,12 @@
 // AVX-512 (F/BW/VL/DQ) row-dot kernels. Q2_K/Q4_K share the AVX2 formulation (compiled here with
 // AVX-512 flags); IQ2_XXS works on pairs of sub-blocks in 512-bit vectors (gathered grid rows,
 // sign masks applied as k-masks); F16/BF16 use 16-wide vectors.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+// GCC 12's AVX-512 headers trip -W(maybe-)uninitialized on their own _mm512_undefined_* idiom
+// (GCC PR 105593, fixed in 13); nothing in this file reads an uninitialised value.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
 #include "quant/dot_kernels.h"

@@ -11,12 +11,40 @@
 #if defined(DS4_ARCH_X86)
 #define DS4_HAVE_X86_KERNELS 1
 #endif
+#if defined(DS4_ARCH_ARM64)
+#define DS4_HAVE_NEON_KERNELS 1
+#if defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+#endif
 
 namespace ds4 {
 
 using namespace quant;
 
 namespace {
+
+#if defined(DS4_ARCH_ARM64) && defined(DS4_HAVE_NEON_KERNELS)
+// dot_neon.cpp is built for armv8.2-a+dotprod+fp16: require SDOT and half-precision SIMD.
+bool arm_has_dotprod_fp16() {
+#if defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP);
+    const unsigned long kAsimdHp = 1ul << 10, kAsimdDp = 1ul << 20;  // HWCAP_ASIMDHP, HWCAP_ASIMDDP
+    return (hw & kAsimdHp) && (hw & kAsimdDp);
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t len = sizeof(v);
+    if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, nullptr, 0) != 0 || !v) return false;
+    v = 0;
+    len = sizeof(v);
+    return sysctlbyname("hw.optional.arm.FEAT_FP16", &v, &len, nullptr, 0) == 0 && v;
+#else
+    return false;
+#endif
+}
+#endif
 
 bool cpu_has(SimdPath p) {
     switch (p) {
@@ -30,7 +58,10 @@ bool cpu_has(SimdPath p) {
                    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
 #if defined(DS4_ARCH_ARM64) && defined(DS4_HAVE_NEON_KERNELS)
-        case SimdPath::NEON: return true;  // armv8.2 dotprod+fp16 is the arm64 baseline we build for
+        case SimdPath::NEON: {
+            static const bool ok = arm_has_dotprod_fp16();
+            return ok;
+        }
 #endif
         default: return false;
     }
