@@ -184,8 +184,8 @@ def test_continued_checkpoints_during_prefill_equal_fresh_prefills(engine, tmp_p
 
     cache = KVCache(tmp_path / "kv", min_tokens=32, cold_max_tokens=0, continued_interval=64,
                     boundary_align=32)
-    tokens = engine.tokenizer.encode_rendered(prompt_text(engine, 120, seed=6))
-    assert len(tokens) > 200
+    tokens = engine.tokenizer.encode_rendered(prompt_text(engine, 80, seed=6))
+    assert len(tokens) > 128
     s = engine.session(ctx=1024)
     cache.sync(s, cache.prepare(s, tokens, engine), engine)
     stored = sorted(cache.entries(), key=lambda e: e.tokens)
