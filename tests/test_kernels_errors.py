@@ -79,3 +79,18 @@ def test_misaligned_weights_give_identical_results():
     for shift in (1, 2, 3):
         shifted = np.frombuffer(b"\0" * shift + raw.tobytes(), dtype=np.uint8, offset=shift)
         np.testing.assert_array_equal(core.matvec(int(Q.Q4_K), shifted, (512, 5), x).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("request_path", ["scalar", "avx2", "avx512", "neon", "bogus"])
+def test_ds4_simd_env_selects_the_initial_path(request_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), DS4_SIMD=request_path)
+    code = "import ds4._core as c; print(c.simd_path(), ','.join(c.simd_paths()))"
+    active, avail = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                   check=True).stdout.split()
+    avail = avail.split(",")
+    # An available request is honoured; anything else falls back to the best (last) path.
+    assert active == (request_path if request_path in avail else avail[-1])
