@@ -868,6 +868,10 @@ class KVCache:
                 continue
             if exact is not None:
                 n = cf.payload_header.tokens
+                if len(cf.payload) < PAYLOAD_HEADER_BYTES + 4 * n:
+                    log.warning("kv cache discarded corrupt file %s: payload shorter than its tokens", entry.path)
+                    self.remove(entry)
+                    continue
                 stored = struct.unpack_from(f"<{n}I", cf.payload, PAYLOAD_HEADER_BYTES)
                 if len(exact) < n or list(stored) != exact[:n]:
                     log.debug("kv cache skipped %s: its tokens are not a prefix of the prompt tokens", entry.path)
