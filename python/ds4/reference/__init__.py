@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["ReferenceModel", "ReferenceState", "quant"]
+__all__ = ["ReferenceModel", "ReferenceState", "quant", "compare"]
 
 _LAZY = {
     "ReferenceModel": ("ds4.reference.model", "ReferenceModel"),
@@ -34,6 +34,6 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module_name), attr)
         globals()[name] = value
         return value
-    if name == "quant":
-        return importlib.import_module("ds4.reference.quant")
+    if name in ("quant", "compare"):
+        return importlib.import_module(f"ds4.reference.{name}")
     raise AttributeError(f"module 'ds4.reference' has no attribute {name!r}")

@@ -150,7 +150,7 @@ class LayerState:
 
     def payload_arrays(self) -> list[tuple[str, np.ndarray]]:
         """This layer's arrays in payload order (RUNTIME.md §6.1 step 5)."""
-        p = f"blk.{self.il}"
+        p = f"layer{self.il}"  # section names as ds4.payload.payload_sections gives them
         out = [(f"{p}.raw", self.raw_rows)]
         if self.ratio:
             out += [(f"{p}.comp", self.comp_rows), (f"{p}.attn_state_kv", self.attn.kv),
