@@ -16,7 +16,10 @@ with names ``hc_attn`` / ``hc_ffn`` (:class:`~ds4.reference.hc.HcSplit`), ``attn
 ``allowed``, ``indexer_scores``, ``indexer_selected``, ``heads``, ``attn_out``, ``after_attn``,
 ``ffn_in``, ``ffn_norm``, ``router_probs``, ``experts``, ``expert_weights``, ``expert_mid``,
 ``moe_out``, ``shared_out``, ``ffn_out``, ``out``; then ``head_collapse``, ``head_norm``,
-``logits`` (the head entries only for tokens whose logits are computed).
+``logits`` (the head entries only for tokens whose logits are computed). ``q`` and ``kv`` are
+after RoPE (``kv`` also after the FP8 round trip, before the cache's F16 round trip); ``heads``
+after the inverse RoPE; ``comp_row`` / ``index_row`` are None on tokens that close no window;
+``allowed`` is None while every compressed row is visible. The MTP block records ``mtp.<name>``.
 """
 
 from __future__ import annotations
