@@ -18,32 +18,40 @@ namespace ds4::quant {
 namespace {
 #include "quant/dot_x86_common.inc"
 
-// Same integer result as iq2xxs_block_avx2 (the partial lanes differ, their sum does not).
-static inline __m256i iq2xxs_block_avx512(const uint8_t* qs, const uint8_t* q8) {
-    __m256i gidx, swords;
-    iq2xxs_split_words(qs, &gidx, &swords);
-    alignas(32) uint64_t masks[4];  // sign bits of sub-blocks 2p and 2p+1
-    alignas(32) uint32_t aidx[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(masks), iq2xxs_sign_masks(swords));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(aidx), gidx);
-    // (2*ls + 1) per sub-block as int32; vpermw spreads sub-block 2p's (word 4p) over the low 256
-    // bits and 2p+1's (word 4p+2) over the high 256 bits.
-    const __m512i scales = _mm512_zextsi256_si512(
-        _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(swords, 28), 1), _mm256_set1_epi32(1)));
-    __m512i acc = _mm512_setzero_si512();
-    for (int p = 0; p < 4; ++p) {
-        const __m512i sel = _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_set1_epi16((short)(4 * p))),
-                                               _mm256_set1_epi16((short)(4 * p + 2)), 1);
-        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(aidx + 2 * p)));
-        const __m512i grid = _mm512_mask_i32gather_epi64(_mm512_setzero_si512(), 0xFF, idx,
-                                                           reinterpret_cast<const long long*>(kIq2xxsGrid), 8);
-        const __m512i a = _mm512_loadu_si512(q8 + 64 * p);
-        const __m512i a8 = _mm512_mask_sub_epi8(a, _cvtu64_mask64(masks[p]), _mm512_setzero_si512(), a);
-        const __m512i prod = _mm512_maddubs_epi16(grid, a8);
-        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(prod, _mm512_permutexvar_epi16(sel, scales)));
+// Same integer result as Iq2BlockAvx2 (the partial lanes differ, their sum does not).
+struct Iq2BlockAvx512 {
+    template <int NA>
+    static inline void block(const uint8_t* qs, const uint8_t* q8, int64_t xs, __m256i* out) {
+        __m256i gidx, swords;
+        iq2xxs_split_words(qs, &gidx, &swords);
+        alignas(32) uint64_t masks[4];  // sign bits of sub-blocks 2p and 2p+1
+        alignas(32) uint32_t aidx[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(masks), iq2xxs_sign_masks(swords));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(aidx), gidx);
+        // (2*ls + 1) per sub-block as int32; vpermw spreads sub-block 2p's (word 4p) over the low
+        // 256 bits and 2p+1's (word 4p+2) over the high 256 bits.
+        const __m512i scales = _mm512_zextsi256_si512(
+            _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(swords, 28), 1), _mm256_set1_epi32(1)));
+        __m512i acc[NA];
+        for (int k = 0; k < NA; ++k) acc[k] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; ++p) {
+            const __m512i sel = _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_set1_epi16((short)(4 * p))),
+                                                   _mm256_set1_epi16((short)(4 * p + 2)), 1);
+            const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(aidx + 2 * p)));
+            const __m512i grid = _mm512_mask_i32gather_epi64(_mm512_setzero_si512(), 0xFF, idx,
+                                                             reinterpret_cast<const long long*>(kIq2xxsGrid), 8);
+            const __m512i scale = _mm512_permutexvar_epi16(sel, scales);
+            const __mmask64 neg = _cvtu64_mask64(masks[p]);
+            for (int k = 0; k < NA; ++k) {
+                const __m512i a = _mm512_loadu_si512(q8 + k * xs + 64 * p);
+                const __m512i a8 = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+                acc[k] = _mm512_add_epi32(acc[k], _mm512_madd_epi16(_mm512_maddubs_epi16(grid, a8), scale));
+            }
+        }
+        for (int k = 0; k < NA; ++k)
+            out[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc[k]), _mm512_extracti64x4_epi64(acc[k], 1));
     }
-    return _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
-}
+};
 
 static inline float hsum_f32x16(__m512 v) {
     return hsum_f32x8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
@@ -74,8 +82,18 @@ static float avx512_dot_half(const void* w, const void* xq, int64_t n) {
     return sum;
 }
 
-const DotKernels kAvx512{x86_dot_f32, avx512_dot_half<false>, avx512_dot_half<true>, x86_dot_q8_0,
-                         x86_dot_q2_k, x86_dot_q4_k, x86_dot_iq2_xxs_t<iq2xxs_block_avx512>};
+const DotKernels kAvx512{x86_dot_f32,
+                         avx512_dot_half<false>,
+                         avx512_dot_half<true>,
+                         DS4_X86_SINGLE(x86_q8_0_n),
+                         DS4_X86_SINGLE(x86_q2_k_n),
+                         DS4_X86_SINGLE(x86_q4_k_n),
+                         x86_single<x86_iq2_xxs_n<Iq2BlockAvx512, 1>>,
+                         DS4_X86_MULTI(x86_q8_0_n),
+                         DS4_X86_MULTI(x86_q2_k_n),
+                         DS4_X86_MULTI(x86_q4_k_n),
+                         x86_multi<x86_iq2_xxs_n<Iq2BlockAvx512, 1>, x86_iq2_xxs_n<Iq2BlockAvx512, 2>,
+                                   x86_iq2_xxs_n<Iq2BlockAvx512, 3>, x86_iq2_xxs_n<Iq2BlockAvx512, 4>>};
 }  // namespace
 
 const DotKernels& avx512_kernels() { return kAvx512; }

@@ -193,7 +193,7 @@ float neon_dot_iq2_xxs(const void* w, const void* xq, int64_t n) {
 
 const DotKernels& neon_kernels() {
     static const DotKernels k{scalar_kernels().f32, neon_dot_half<false>, neon_dot_half<true>, neon_dot_q8_0,
-                              neon_dot_q2_k, neon_dot_q4_k, neon_dot_iq2_xxs};
+                              neon_dot_q2_k, neon_dot_q4_k, neon_dot_iq2_xxs, nullptr, nullptr, nullptr, nullptr};
     return k;
 }
 

@@ -82,17 +82,31 @@ void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     const uint8_t* wb = static_cast<const uint8_t*>(w);
     const uint8_t* xb = static_cast<const uint8_t*>(xq);
     // Each task owns a row range; inside it, a tile of rows is applied to the whole batch so the
-    // tile's weights stay in cache while the activations stream past.
+    // tile's weights stay in cache while the activations stream past. Where the path has a
+    // multi-activation kernel, one weight row is decoded once for up to 4 activations (results
+    // are bit-identical to the single-activation kernel).
+    DotNFn fn_n = dot_n_fn(active_kernels(), t);
     const int64_t tile = 8;
     pool_or_global(pool).parallel_for(
         rows,
         [&](int64_t r0, int64_t r1) {
             for (int64_t t0 = r0; t0 < r1; t0 += tile) {
                 const int64_t t1 = t0 + tile < r1 ? t0 + tile : r1;
-                for (int64_t b = 0; b < nb; ++b) {
-                    const uint8_t* xb_b = xb + b * ab;
-                    float* yb = y + b * rows;
-                    for (int64_t r = t0; r < t1; ++r) yb[r] = fn(wb + r * rb, xb_b, n);
+                if (fn_n) {
+                    for (int64_t b = 0; b < nb; b += 4) {
+                        const int na = nb - b < 4 ? (int)(nb - b) : 4;
+                        for (int64_t r = t0; r < t1; ++r) {
+                            float out[4];
+                            fn_n(wb + r * rb, xb + b * ab, ab, na, n, out);
+                            for (int k = 0; k < na; ++k) y[(b + k) * rows + r] = out[k];
+                        }
+                    }
+                } else {
+                    for (int64_t b = 0; b < nb; ++b) {
+                        const uint8_t* xb_b = xb + b * ab;
+                        float* yb = y + b * rows;
+                        for (int64_t r = t0; r < t1; ++r) yb[r] = fn(wb + r * rb, xb_b, n);
+                    }
                 }
             }
         },

@@ -165,6 +165,16 @@ DotFn dot_fn(const DotKernels& k, GgmlType t) {
          std::string("type ") + type_traits(t).name + " has no CPU dot kernel (not a weight type)");
 }
 
+DotNFn dot_n_fn(const DotKernels& k, GgmlType t) {
+    switch (t) {
+        case GgmlType::Q8_0: return k.q8_0_n;
+        case GgmlType::Q2_K: return k.q2_k_n;
+        case GgmlType::Q4_K: return k.q4_k_n;
+        case GgmlType::IQ2_XXS: return k.iq2_xxs_n;
+        default: return nullptr;
+    }
+}
+
 }  // namespace quant
 
 }  // namespace ds4
