@@ -1,0 +1,227 @@
+// Persistent worker pool. One job at a time: the calling thread and size()-1 workers take the
+// job's contiguous ranges from a shared counter, so each range is computed by exactly one thread
+// and the partition depends only on (n, size, min_chunk), never on timing.
+#include "common/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+#include <sys/types.h>
+#endif
+
+#include "common/errors.h"
+
+namespace ds4 {
+
+namespace {
+
+// Nesting guard: a parallel_for issued from inside a running job executes inline, which avoids
+// deadlocking a pool whose threads are all busy with the outer job.
+thread_local int t_pool_depth = 0;
+
+int physical_cores() {
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+    std::set<std::pair<int, int>> cores;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (!CPU_ISSET(cpu, &set)) continue;
+        const std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+        std::ifstream pkg(base + "physical_package_id"), core(base + "core_id");
+        int p = -1, c = -1;
+        if (!(pkg >> p) || !(core >> c)) return CPU_COUNT(&set);  // no topology: count allowed CPUs
+        cores.insert({p, c});
+    }
+    return (int)cores.size();
+#elif defined(__APPLE__)
+    int n = 0;
+    size_t len = sizeof(n);
+    if (sysctlbyname("hw.perflevel0.physicalcpu", &n, &len, nullptr, 0) == 0 && n > 0) return n;
+    len = sizeof(n);
+    if (sysctlbyname("hw.physicalcpu", &n, &len, nullptr, 0) == 0 && n > 0) return n;
+    return 0;
+#else
+    return 0;
+#endif
+}
+
+}  // namespace
+
+int default_thread_count() {
+    if (const char* env = std::getenv("DS4_THREADS")) {
+        char* end = nullptr;
+        const long v = std::strtol(env, &end, 10);
+        if (end != env && *end == '\0' && v > 0 && v <= 1024) return (int)v;
+    }
+    int n = physical_cores();
+    if (n <= 0) n = (int)std::thread::hardware_concurrency();
+    return n > 0 ? n : 1;
+}
+
+struct ThreadPool::Impl {
+    // One parallel_for call. It lives on the caller's stack; workers take a reference under `mu`
+    // and the caller returns only once every task is finished and every reference released.
+    struct Job {
+        const std::function<void(int64_t, int64_t)>* fn;
+        int64_t n;
+        int64_t n_tasks;
+        std::atomic<int64_t> next{0};
+        int64_t finished = 0;  // guarded by mu
+        int refs = 0;          // guarded by mu
+        std::exception_ptr error;
+    };
+
+    int size = 1;
+    std::vector<std::thread> workers;
+
+    std::mutex call_mu;  // serialises parallel_for calls from different client threads
+
+    std::mutex mu;
+    std::condition_variable wake;
+    std::condition_variable done;
+    uint64_t generation = 0;
+    bool stop = false;
+    Job* job = nullptr;  // the current job, null between calls
+
+    void run_tasks(Job& j) {
+        ++t_pool_depth;
+        int64_t completed = 0;
+        std::exception_ptr err;
+        for (;;) {
+            const int64_t i = j.next.fetch_add(1);
+            if (i >= j.n_tasks) break;
+            const int64_t b = j.n * i / j.n_tasks, e = j.n * (i + 1) / j.n_tasks;
+            if (!err) {
+                try {
+                    (*j.fn)(b, e);
+                } catch (...) {
+                    err = std::current_exception();
+                }
+            }
+            ++completed;
+        }
+        --t_pool_depth;
+        std::lock_guard<std::mutex> lk(mu);
+        if (err && !j.error) j.error = err;
+        j.finished += completed;
+        --j.refs;
+        if (j.finished == j.n_tasks && j.refs == 0) done.notify_all();
+    }
+
+    void worker_loop() {
+        uint64_t seen = 0;
+        for (;;) {
+            Job* j = nullptr;
+            {
+                std::unique_lock<std::mutex> lk(mu);
+                wake.wait(lk, [&] { return stop || generation != seen; });
+                if (stop) return;
+                seen = generation;
+                j = job;
+                if (!j) continue;
+                ++j->refs;
+            }
+            run_tasks(*j);
+        }
+    }
+};
+
+ThreadPool::ThreadPool(int n_threads) : impl_(new Impl) {
+    impl_->size = n_threads > 0 ? n_threads : default_thread_count();
+    try {
+        for (int i = 1; i < impl_->size; ++i) impl_->workers.emplace_back([this] { impl_->worker_loop(); });
+    } catch (...) {
+        {
+            std::lock_guard<std::mutex> lk(impl_->mu);
+            impl_->stop = true;
+        }
+        impl_->wake.notify_all();
+        for (auto& t : impl_->workers) t.join();
+        delete impl_;
+        throw;
+    }
+}
+
+ThreadPool::~ThreadPool() {
+    {
+        std::lock_guard<std::mutex> lk(impl_->mu);
+        impl_->stop = true;
+    }
+    impl_->wake.notify_all();
+    for (auto& t : impl_->workers) t.join();
+    delete impl_;
+}
+
+int ThreadPool::size() const noexcept { return impl_->size; }
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {
+    if (n <= 0) return;
+    if (min_chunk < 1) min_chunk = 1;
+    const int64_t n_tasks = std::min<int64_t>(impl_->size, std::max<int64_t>(1, n / min_chunk));
+    if (n_tasks == 1 || t_pool_depth > 0) {
+        fn(0, n);
+        return;
+    }
+    Impl& s = *impl_;
+    std::lock_guard<std::mutex> call(s.call_mu);
+    Impl::Job j;
+    j.fn = &fn;
+    j.n = n;
+    j.n_tasks = n_tasks;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        j.refs = 1;  // the caller's own share
+        s.job = &j;
+        ++s.generation;
+    }
+    s.wake.notify_all();
+    s.run_tasks(j);
+    {
+        std::unique_lock<std::mutex> lk(s.mu);
+        s.done.wait(lk, [&] { return j.finished == j.n_tasks && j.refs == 0; });
+        s.job = nullptr;
+    }
+    if (j.error) std::rethrow_exception(j.error);
+}
+
+namespace {
+
+std::mutex g_global_mu;
+std::unique_ptr<ThreadPool> g_global;
+
+}  // namespace
+
+ThreadPool& ThreadPool::global() {
+    std::lock_guard<std::mutex> lk(g_global_mu);
+    if (!g_global) g_global.reset(new ThreadPool(0));
+    return *g_global;
+}
+
+void ThreadPool::set_global_threads(int n_threads) {
+    std::unique_ptr<ThreadPool> fresh(new ThreadPool(n_threads));
+    std::unique_ptr<ThreadPool> old;
+    {
+        std::lock_guard<std::mutex> lk(g_global_mu);
+        old = std::move(g_global);
+        g_global = std::move(fresh);
+    }
+    // `old` is joined here, outside the lock; callers must not be running a job on it.
+}
+
+}  // namespace ds4

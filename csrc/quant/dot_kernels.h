@@ -1,0 +1,39 @@
+// One table of row-dot kernels per SIMD path. simd.cpp picks the table at run time; each
+// per-ISA file (dot_avx2.cpp, dot_avx512.cpp, dot_neon.cpp) fills the entries it accelerates and
+// leaves the rest to the scalar reference kernels (dot_scalar.cpp).
+//
+// Each kernel computes one row: w points at row_bytes(type, n) bytes, xq at the activation that
+// quantize_act(type, ...) wrote, n is a multiple of the type's block size.
+// The integer block sums are exact on every path; only the float combination order may differ.
+#pragma once
+#include <cstdint>
+
+#include "quant/kernels.h"
+
+namespace ds4::quant {
+
+using DotFn = float (*)(const void* w, const void* xq, int64_t n);
+
+struct DotKernels {
+    DotFn f32;
+    DotFn f16;
+    DotFn bf16;
+    DotFn q8_0;
+    DotFn q2_k;
+    DotFn q4_k;
+    DotFn iq2_xxs;
+};
+
+const DotKernels& scalar_kernels();
+#if defined(DS4_ARCH_X86)
+const DotKernels& avx2_kernels();    // dot_avx2.cpp
+const DotKernels& avx512_kernels();  // dot_avx512.cpp
+#endif
+#if defined(DS4_ARCH_ARM64)
+const DotKernels& neon_kernels();    // dot_neon.cpp
+#endif
+
+const DotKernels& active_kernels();   // simd.cpp: the table of the current path
+DotFn dot_fn(const DotKernels& k, GgmlType t);  // throws Unsupported for non-weight types
+
+}  // namespace ds4::quant

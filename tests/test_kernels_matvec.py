@@ -1,0 +1,229 @@
+"""matvec / matmul / matvec_experts on every weight type and every SIMD path the machine has.
+
+Expected values come from ds4.reference.quant: gguf-py dequantisation of the weights, the
+activation quantised then dequantised (both exact in float64), and a float64 dot product.
+
+Tolerance (derived, not tuned). Every kernel computes exact integer block sums (or exact f16/bf16
+-> f32 products) and only then combines them in float32. With u = 2^-24:
+  * each block term t_b = (scales) * (float)isum takes at most C = 6 roundings (scale products,
+    int -> float conversion when |isum| >= 2^24, the product itself, the d/dmin difference);
+  * adding K terms in any order (sequential, several accumulators, tree) errs by at most
+    (K - 1) * u * sum|t_b| to first order;
+  * the result is stored as float32: one more u * |y|.
+So |y - ref64| <= (K + C) * u * S + u * |ref64| + floor, where S = sum_i |w_i * xa_i| bounds
+sum|t_b| (for Q2_K/Q4_K, S counts the d part and the min part separately: |W_d|.|xa| + |W_m|.|xa|,
+because their difference may cancel), K = number of float summands per row (n for float weights,
+n/32 for Q8_0, 2n/256 for Q2_K/Q4_K, n/256 for IQ2_XXS), and floor = K * 2^-120 covers subnormal
+scale products (each term's absolute error is at most 2^-149 * |isum| <= 2^-149 * 2^26).
+F32 weights accumulate in double: n * 2^-53 * S + u * |ref64|.
+The same bound applied to two paths bounds their difference by twice it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from hypothesis import assume, given, strategies as st
+
+import ds4._core as core
+from ds4.reference import quant as ref
+from test_quant_blocks import (
+    ACT_PATTERNS,
+    QUANT_TYPES,
+    SCALE_FIELDS,
+    WEIGHT_TYPES,
+    activation,
+    block_size,
+    random_weights,
+    split_scales,
+    weight_case,
+)
+
+U = 2.0**-24
+PATHS = core.simd_paths()
+
+
+@contextlib.contextmanager
+def simd_path(path):
+    before = core.simd_path()
+    core.set_simd_path(path)
+    try:
+        yield
+    finally:
+        core.set_simd_path(before)
+
+
+def _summands(qtype, n):
+    return {Q.Q8_0: n // 32, Q.Q2_K: 2 * n // 256, Q.Q4_K: 2 * n // 256, Q.IQ2_XXS: n // 256}.get(Q(qtype), n)
+
+
+def _reference(qtype, raw, n, rows, x):
+    """(ref64[rows] or [nb, rows], tol of the same shape) for activations x[n] or x[nb, n]."""
+    at = ref.act_type_for(qtype)
+    xs = np.atleast_2d(x)
+    xa = np.stack([ref.act_roundtrip(at, r) for r in xs])  # [nb, n] float64, exactly what the kernel sees
+    w = ref.dequantize(qtype, raw, (n, rows)).astype(np.float64)
+    y = xa @ w.T
+    if Q(qtype) in (Q.Q2_K, Q.Q4_K):
+        wd, wm = (ref.dequantize(qtype, p, (n, rows)).astype(np.float64) for p in split_scales(qtype, raw))
+        s = np.abs(xa) @ (np.abs(wd) + np.abs(wm)).T
+    else:
+        s = np.abs(xa) @ np.abs(w).T
+    k = _summands(qtype, n)
+    if Q(qtype) == Q.F32:
+        tol = n * 2.0**-53 * s + U * np.abs(y) + 2.0**-140
+    else:
+        tol = (k + 6) * U * s + U * np.abs(y) + k * 2.0**-120
+    if np.ndim(x) == 1:
+        return y[0], tol[0]
+    return y, tol
+
+
+def _check_close(got, want, tol):
+    assert got.shape == want.shape
+    err = np.abs(got.astype(np.float64) - want)
+    bad = err > tol
+    assert not bad.any(), f"max err/tol {np.max(err / np.maximum(tol, 1e-300)):.3g} at {np.argwhere(bad)[:5].tolist()}"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda q: q.name)
+@given(data=st.data())
+def test_matvec_matches_reference(path, qtype, data):
+    with simd_path(path):
+        _test_matvec_matches_reference(qtype, data)
+
+
+def _test_matvec_matches_reference(qtype, data):
+    raw, n, rows, _ = data.draw(weight_case(qtype))
+    x = activation(n, data.draw(st.integers(0, 2**32 - 1)), data.draw(st.sampled_from(ACT_PATTERNS)))
+    want, tol = _reference(qtype, raw, n, rows, x)
+    y = core.matvec(int(qtype), raw, (n, rows), x)
+    assert y.dtype == np.float32
+    _check_close(y, want, tol)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda q: q.name)
+@given(data=st.data())
+def test_matmul_matches_reference_and_matvec(path, qtype, data):
+    with simd_path(path):
+        _test_matmul_matches_reference_and_matvec(qtype, data)
+
+
+def _test_matmul_matches_reference_and_matvec(qtype, data):
+    raw, n, rows, _ = data.draw(weight_case(qtype, max_rows=5, max_blocks=2))
+    nb = data.draw(st.integers(1, 5))
+    X = activation(n, data.draw(st.integers(0, 2**32 - 1)), data.draw(st.sampled_from(ACT_PATTERNS)), batch=nb)
+    want, tol = _reference(qtype, raw, n, rows, X)
+    Y = core.matmul(int(qtype), raw, (n, rows), X)
+    assert Y.shape == (nb, rows)
+    _check_close(Y, want, tol)
+    for b in range(nb):  # same kernel, same row order: identical bits
+        np.testing.assert_array_equal(Y[b].view(np.uint32), core.matvec(int(qtype), raw, (n, rows), X[b]).view(np.uint32))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES + (Q.F16,), ids=lambda q: q.name)
+@given(data=st.data())
+def test_matvec_experts_equals_per_expert_matvec(path, qtype, data):
+    with simd_path(path):
+        _test_matvec_experts_equals_per_expert_matvec(qtype, data)
+
+
+def _test_matvec_experts_equals_per_expert_matvec(qtype, data):
+    be, _ = block_size(qtype)
+    n = 256 if be == 256 else 64
+    rows = data.draw(st.integers(1, 4))
+    n_expert = data.draw(st.integers(1, 6))
+    raw = random_weights(qtype, n, rows * n_expert, data.draw(st.integers(0, 2**32 - 1)))
+    ids = np.array(data.draw(st.lists(st.integers(0, n_expert - 1), min_size=1, max_size=6)), np.int32)
+    per_slot = data.draw(st.booleans())
+    X = activation(n, data.draw(st.integers(0, 2**32 - 1)), "normal", batch=len(ids) if per_slot else None)
+    Y = core.matvec_experts(int(qtype), raw, (n, rows, n_expert), ids, X)
+    assert Y.shape == (len(ids), rows)
+    mat = raw.size // n_expert
+    for i, e in enumerate(ids):
+        xi = X[i] if per_slot else X
+        want = core.matvec(int(qtype), raw[e * mat : (e + 1) * mat], (n, rows), xi)
+        np.testing.assert_array_equal(Y[i].view(np.uint32), want.view(np.uint32))
+
+
+# ---- exact cases: power-of-two scales and activations make every float operation exact ----------
+
+
+def _pow2_weights(qtype, n, rows, seed, a):
+    """Random codes, every d/dmin = 2^a (float weights: small integers times 2^a)."""
+    rng = np.random.default_rng(seed)
+    if Q(qtype) in (Q.F32, Q.F16, Q.BF16):
+        v = (rng.integers(-64, 65, size=rows * n) * 2.0**a).astype(np.float32)
+        if Q(qtype) == Q.F32:
+            return v.view(np.uint8)
+        if Q(qtype) == Q.F16:
+            return v.astype(np.float16).view(np.uint8)
+        return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    raw = random_weights(qtype, n, rows, seed).reshape(-1, block_size(qtype)[1])
+    d_off, m_off = SCALE_FIELDS[Q(qtype)]
+    for off in d_off + m_off:
+        raw[:, off : off + 2] = np.array([2.0**a], np.float16).view(np.uint8)
+    return raw.reshape(-1)
+
+
+def _pow2_activation(n, seed, k):
+    """Integer codes times 2^k, each 32-block led by +-127 * 2^k: both activation quantisers then
+    produce scale 2^k (up to sign) and the codes themselves, exactly."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(-126, 127, size=n)
+    codes[::32] = rng.choice([-127, 127], size=n // 32)
+    return (codes * 2.0**k).astype(np.float32)
+
+
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda q: q.name)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 3), st.integers(-8, 4), st.integers(-6, 6))
+def test_every_path_is_exact_when_float_ops_are_exact(qtype, seed, nblk, a, k):
+    be, _ = block_size(qtype)
+    n = nblk * (256 if be == 256 else 64)
+    rows = 3
+    raw = _pow2_weights(qtype, n, rows, seed, a)
+    x = _pow2_activation(n, seed + 1, k)
+    want, _ = _reference(qtype, raw, n, rows, x)
+    # All partial sums are integers in units of 2^(a+k) (1/8 of that for IQ2_XXS): exact in float32
+    # whatever the order while the sum of magnitudes stays below 2^24 units.
+    unit = 2.0 ** (a + k) * (0.125 if Q(qtype) == Q.IQ2_XXS else 1.0)
+    w = ref.dequantize(qtype, raw, (n, rows)).astype(np.float64)
+    mags = np.abs(w) @ np.abs(x.astype(np.float64)) / unit
+    if Q(qtype) in (Q.Q2_K, Q.Q4_K):
+        wd, wm = (ref.dequantize(qtype, p, (n, rows)).astype(np.float64) for p in split_scales(qtype, raw))
+        mags = (np.abs(wd) + np.abs(wm)) @ np.abs(x.astype(np.float64)) / unit
+    assume(mags.max() < 2**24)
+    before = core.simd_path()
+    try:
+        for path in PATHS:
+            core.set_simd_path(path)
+            y = core.matvec(int(qtype), raw, (n, rows), x)
+            np.testing.assert_array_equal(y.astype(np.float64), want, err_msg=f"path {path}")
+    finally:
+        core.set_simd_path(before)
+
+
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda q: q.name)
+def test_paths_agree_on_large_rows(qtype):
+    """Scalar vs every SIMD path on realistic sizes (n = 4096): within twice the reference bound."""
+    n, rows = 4096, 16
+    raw = random_weights(qtype, n, rows, 11)
+    x = activation(n, 12, "normal")
+    want, tol = _reference(qtype, raw, n, rows, x)
+    before = core.simd_path()
+    try:
+        outs = {}
+        for path in PATHS:
+            core.set_simd_path(path)
+            outs[path] = core.matvec(int(qtype), raw, (n, rows), x)
+            _check_close(outs[path], want, tol)
+        for path, y in outs.items():
+            _check_close(y, outs["scalar"].astype(np.float64), 2 * tol)
+    finally:
+        core.set_simd_path(before)

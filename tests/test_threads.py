@@ -1,0 +1,96 @@
+"""The persistent CPU thread pool: sizing, DS4_THREADS, and results independent of thread count
+(work is split by output rows, never inside a reduction)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+import ds4._core as core
+from ds4.errors import InvalidArgumentError
+from test_quant_blocks import WEIGHT_TYPES, activation, block_size, random_weights
+
+
+@pytest.fixture
+def restore_threads():
+    before = core.threads()
+    yield
+    core.set_threads(before)
+
+
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda q: q.name)
+def test_results_bit_identical_for_any_thread_count(qtype, restore_threads):
+    be, _ = block_size(qtype)
+    n = 512 if be == 256 else 256
+    rows, n_expert = 37, 3  # odd sizes: uneven ranges
+    raw = random_weights(qtype, n, rows * n_expert, 5)
+    x = activation(n, 6, "normal")
+    X = activation(n, 7, "normal", batch=4)
+    ids = np.array([2, 0, 2, 1], np.int32)
+    shape3 = (n, rows, n_expert)
+    outs = []
+    for t in (1, 2, 3, 7):
+        core.set_threads(t)
+        assert core.threads() == t
+        outs.append((
+            core.matvec(int(qtype), raw, (n, rows * n_expert), x),
+            core.matmul(int(qtype), raw, (n, rows * n_expert), X),
+            core.matvec_experts(int(qtype), raw, shape3, ids, X),
+        ))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_default_threads_and_env_override():
+    code = "import ds4._core as c; print(c.threads(), c.default_threads())"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env.pop("DS4_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) == int(out[1]) >= 1
+    assert int(out[0]) <= (os.cpu_count() or 1)  # physical cores never exceed logical CPUs
+    env["DS4_THREADS"] = "3"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["3", "3"]
+
+
+def test_set_threads_zero_means_default(restore_threads):
+    core.set_threads(0)
+    assert core.threads() == core.default_threads()
+    with pytest.raises(InvalidArgumentError, match=">= 0"):
+        core.set_threads(-2)
+
+
+def test_concurrent_callers_share_the_pool(restore_threads):
+    """Python threads calling in parallel (GIL released) get the same answers as serial calls."""
+    core.set_threads(2)
+    raw = random_weights(Q.Q8_0, 1024, 64, 1)
+    xs = [activation(1024, s, "normal") for s in range(8)]
+    want = [core.matvec(int(Q.Q8_0), raw, (1024, 64), x) for x in xs]
+    got = [None] * len(xs)
+
+    def work(i):
+        for _ in range(5):
+            got[i] = core.matvec(int(Q.Q8_0), raw, (1024, 64), xs[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_exception_in_one_range_propagates():
+    """A bad expert id fails before any work; a failing call leaves the pool usable."""
+    raw = random_weights(Q.Q8_0, 32, 4, 2)
+    with pytest.raises(InvalidArgumentError):
+        core.matvec_experts(int(Q.Q8_0), raw, (32, 2, 2), np.array([5], np.int32), np.ones(32, np.float32))
+    assert core.matvec(int(Q.Q8_0), raw, (32, 4), np.ones(32, np.float32)).shape == (4,)
