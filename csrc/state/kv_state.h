@@ -1,5 +1,6 @@
-// The per-session KV state of every layer (RUNTIME.md §5.1), laid out exactly as the DSV4 session
-// payload serialises it, so save/load is a straight copy of these arrays.
+// The per-session KV state of every layer (RUNTIME.md §5.1). The raw sliding window is a ring of
+// raw_cap rows (read oldest first through raw_row()); compressed rows and compressor frontiers are
+// laid out exactly as the DSV4 session payload serialises them.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -13,10 +14,11 @@ constexpr float kNegSentinel = -1.0e30f;   // upstream's finite "minus infinity"
 struct LayerKv {
     int ratio = 0;                         // 0, 4 or 128
 
-    // Raw sliding window: raw_cap rows of head_dim floats, oldest first; n_raw live rows.
-    // Rows are f16-representable (rounded on push).
+    // Raw sliding window: a ring of raw_cap rows of head_dim floats; n_raw live rows, the next
+    // push goes to slot raw_next. Rows are f16-representable (rounded on push).
     std::vector<float> raw;
     int64_t n_raw = 0;
+    int64_t raw_next = 0;
 
     // Compressed attention rows (ratio != 0): comp_cap rows of head_dim; n_comp live.
     std::vector<float> comp;
@@ -44,8 +46,11 @@ struct KvState {
     // Back to the empty state: no rows, frontiers at their initial fill.
     void reset();
 
-    // Appends a raw row (f16 round trip applied here); slides the window when full.
+    // Appends a raw row (f16 round trip applied here); drops the oldest row when full.
     void push_raw(int il, const float* row);
+    // Live raw row i of layer il, i = 0 is the oldest.
+    const float* raw_row(int il, int64_t i) const;
+    float* raw_row(int il, int64_t i);
     // Appends a compressed attention / indexer row (f16 round trip here). Throws
     // ContextOverflow if the layer's capacity is exhausted.
     void push_comp(int il, const float* row);
@@ -55,6 +60,9 @@ struct KvState {
     // current window to their initial fill (RUNTIME.md §5.1; no numerical effect, keeps saved
     // payloads byte-comparable with upstream).
     void finish_prefill(int64_t n_tokens);
+
+    // Bytes of all allocated state (capacity, not live rows).
+    int64_t allocated_bytes() const;
 };
 
 }  // namespace ds4
