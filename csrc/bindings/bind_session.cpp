@@ -110,6 +110,16 @@ void init_session(py::module_& m) {
              py::arg("data"))
         .def("payload_size", [](PySession& p) { return p.s->payload_size(); })
         .def_property_readonly("kv_bytes", [](PySession& p) { return p.s->kv_allocated_bytes(); })
+        .def("mtp_logits",
+             [](PySession& p) {
+                 std::vector<float> out;
+                 {
+                     py::gil_scoped_release nogil;
+                     const float* l = p.s->mtp_logits();
+                     out.assign(l, l + p.s->model().shape().n_vocab);
+                 }
+                 return py::array_t<float>((py::ssize_t)out.size(), out.data());
+             })
         .def("last_hidden", [](PySession& p) {
             const int64_t n = p.s->model().shape().hc_dim();
             return py::array_t<float>({n}, {(int64_t)sizeof(float)}, p.s->last_hidden());

@@ -38,9 +38,10 @@ void grouped_output_a(const Shape& s, const TensorRef& wa, const float* heads, i
     }
 }
 
-void attention_layer(const Model& model, KvState& kv, Scratch& sc, int il, int64_t nb, int64_t pos0) {
-    const Shape& s = model.shape();
-    const LayerWeights& L = model.weights().layers[il];
+// Layer il of kv.shape (its ratio and RoPE), with weights L.
+void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scratch& sc, int il, int64_t nb,
+                     int64_t pos0) {
+    const Shape& s = kv.shape;
     const AttentionWeights& w = L.attn;
     ThreadPool* pool = model.pool();
     const int64_t E = s.n_embd, HD = s.hc_dim(), D = s.head_dim, QR = s.q_lora_rank, QD = s.q_dim();
@@ -119,9 +120,8 @@ void attention_layer(const Model& model, KvState& kv, Scratch& sc, int il, int64
     }
 }
 
-void ffn_layer(const Model& model, Scratch& sc, int il, const int32_t* tokens, int64_t nb) {
+void ffn_layer(const Model& model, const FfnWeights& w, Scratch& sc, const int32_t* tokens, int64_t nb) {
     const Shape& s = model.shape();
-    const FfnWeights& w = model.weights().layers[il].ffn;
     ThreadPool* pool = model.pool();
     const int64_t E = s.n_embd, HD = s.hc_dim(), F = s.n_ff_exp;
 
@@ -174,12 +174,46 @@ void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* 
         for (int h = 0; h < s.n_hc; ++h) std::memcpy(&sc.H[b * HD + h * E], sc.plain.data(), (size_t)E * sizeof(float));
     }
     for (int il = 0; il < s.n_layer; ++il) {
-        attention_layer(model, kv, sc, il, n, pos0);
-        ffn_layer(model, sc, il, tokens, n);
+        attention_layer(model, W.layers[il], kv, sc, il, n, pos0);
+        ffn_layer(model, W.layers[il].ffn, sc, tokens, n);
     }
     const float* last = &sc.H[(n - 1) * HD];
     if (final_hc) std::memcpy(final_hc, last, (size_t)HD * sizeof(float));
     if (logits) output_logits(model, sc, last, logits);
+}
+
+Shape mtp_state_shape(const Shape& s) {
+    Shape m = s;
+    m.n_layer = 1;
+    m.compress_ratios = {0};
+    return m;
+}
+
+void mtp_forward(const Model& model, KvState& mtp_kv, Scratch& sc, const float* hprev, int32_t token, int64_t pos,
+                 float* logits, float* hc_out) {
+    const Shape& s = model.shape();
+    const ModelWeights& W = model.weights();
+    const MtpWeights& M = W.mtp;
+    if (!M.present) fail(ErrorKind::Unsupported, "this model has no MTP block loaded");
+    if (token < 0 || token >= s.n_vocab) {
+        fail(ErrorKind::InvalidArgument, "token id " + std::to_string(token) + " is outside the vocabulary");
+    }
+    const int64_t E = s.n_embd, HD = s.hc_dim();
+    sc.ensure(s, 1, mtp_kv.raw_cap, 0);
+    ThreadPool* pool = model.pool();
+    dequantize_row(W.token_embd.type, W.token_embd.data + (int64_t)token * W.token_embd.row_stride(), sc.plain.data(), E);
+    rms_norm_weight(sc.x.data(), sc.plain.data(), M.enorm.f32(), E, s.rms_eps);
+    linear(M.e_proj, sc.x.data(), 1, sc.a.data(), sc.act, pool);
+    for (int h = 0; h < s.n_hc; ++h) {
+        rms_norm_weight(sc.x.data(), hprev + h * E, M.hnorm.f32(), E, s.rms_eps);
+        linear(M.h_proj, sc.x.data(), 1, sc.attn_out.data(), sc.act, pool);
+        for (int64_t d = 0; d < E; ++d) sc.H[h * E + d] = sc.a[d] + sc.attn_out[d];
+    }
+    attention_layer(model, M.block, mtp_kv, sc, 0, 1, pos);
+    ffn_layer(model, M.block.ffn, sc, &token, 1);
+    if (hc_out) std::memcpy(hc_out, sc.H.data(), (size_t)HD * sizeof(float));
+    hc_collapse_norm(s, M.head, sc.H.data(), sc.y.data(), sc.flat.data(), sc.ytmp.data(), sc.act, pool);
+    linear(W.output, sc.y.data(), 1, logits, sc.act, pool);
 }
 
 }  // namespace ds4

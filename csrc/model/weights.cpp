@@ -58,9 +58,9 @@ void bind_compressor(CompressorWeights& c, const TensorTable& t, const std::stri
 
 void bind_head(OutputHeadWeights& h, const Shape& s, const TensorTable& t, const std::string& p,
                const std::string& norm_name) {
-    h.hc_base = t.get(p + "hc_base.weight", {s.n_hc}, kF32);
-    h.hc_fn = t.get(p + "hc_fn.weight", {s.hc_dim(), s.n_hc}, kPlain);
-    h.hc_scale = t.get(p + "hc_scale.weight", {1}, kF32);
+    h.hc_base = t.get(p + "base.weight", {s.n_hc}, kF32);
+    h.hc_fn = t.get(p + "fn.weight", {s.hc_dim(), s.n_hc}, kPlain);
+    h.hc_scale = t.get(p + "scale.weight", {1}, kF32);
     h.norm = t.get(norm_name, {s.n_embd}, kF32);
 }
 
@@ -70,7 +70,7 @@ void ModelWeights::bind(const Shape& s, const TensorTable& t) {
     s.validate();
     token_embd = t.get("token_embd.weight", {s.n_embd, s.n_vocab}, kPlain);
     output = t.get("output.weight", {s.n_embd, s.n_vocab}, kDense);
-    bind_head(head, s, t, "output_", "output_norm.weight");
+    bind_head(head, s, t, "output_hc_", "output_norm.weight");
     layers.assign(s.n_layer, LayerWeights{});
     for (int il = 0; il < s.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";

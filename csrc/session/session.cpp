@@ -15,6 +15,29 @@ Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::
     kv_.init(model_->shape(), ctx);
     logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
     last_hc_.assign((size_t)model_->shape().hc_dim(), 0.0f);
+    if (model_->weights().mtp.present) {
+        mtp_kv_.init(mtp_state_shape(model_->shape()), ctx);
+        mtp_logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
+    }
+}
+
+void Session::reset_mtp() {
+    if (!mtp_kv_.layers.empty()) mtp_kv_.reset();
+    mtp_pos_ = -1;
+}
+
+const float* Session::mtp_logits() {
+    if (!model_->weights().mtp.present) fail(ErrorKind::Unsupported, "this engine has no MTP block loaded");
+    materialize();
+    if (pos() == 0 || !has_logits_ || !hidden_valid_) {
+        fail(ErrorKind::InvalidArgument, "MTP needs a token evaluated in this session (the hidden state is not saved in payloads)");
+    }
+    if (mtp_pos_ != pos()) {
+        mtp_forward(*model_, mtp_kv_, mtp_scratch_, last_hc_.data(), tokens_.back(), pos() - 1, mtp_logits_.data(),
+                    nullptr);
+        mtp_pos_ = pos();
+    }
+    return mtp_logits_.data();
 }
 
 void Session::check_tokens(const int32_t* t, int64_t n) const {
@@ -29,6 +52,7 @@ void Session::check_tokens(const int32_t* t, int64_t n) const {
 
 void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild) {
     if (rebuild) {
+        reset_mtp();
         kv_.reset();
         tokens_.clear();
         has_logits_ = false;
@@ -50,6 +74,7 @@ void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool 
         }
         tokens_.insert(tokens_.end(), t + done, t + done + m);
         has_logits_ = true;
+        hidden_valid_ = true;
         done += m;
         if (rebuild && done == n) kv_.finish_prefill(pos());
         if (cb) cb(done, n);
@@ -128,11 +153,13 @@ void Session::rewind(int64_t p) {
     }
     if (p == pos()) return;
     tokens_.resize((size_t)p);
+    reset_mtp();
     stale_ = true;
     has_logits_ = false;
 }
 
 void Session::reset() {
+    reset_mtp();
     kv_.reset();
     tokens_.clear();
     std::fill(logits_.begin(), logits_.end(), 0.0f);
@@ -160,6 +187,8 @@ void Session::load_payload(const uint8_t* data, size_t size) {
     std::vector<float> logits;
     read_payload(data, size, fresh, toks, logits);
     kv_ = std::move(fresh);
+    reset_mtp();
+    hidden_valid_ = false;
     tokens_ = std::move(toks);
     std::copy(logits.begin(), logits.end(), logits_.begin());
     has_logits_ = !tokens_.empty();

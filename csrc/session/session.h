@@ -48,6 +48,11 @@ public:
     const KvState& kv() const { return kv_; }
     int64_t kv_allocated_bytes() const { return kv_.allocated_bytes(); }
 
+    // MTP draft logits for the token after next: one MTP step from the last evaluated token and
+    // its final HC state, computed once per position (needs MTP weights; the MTP window gets a
+    // row per step taken).
+    const float* mtp_logits();
+
     // Final HC state of the last evaluated token (hc_dim floats; MTP input).
     const float* last_hidden() const { return last_hc_.data(); }
 
@@ -55,6 +60,7 @@ private:
     void check_tokens(const int32_t* t, int64_t n) const;
     void extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild);
     void materialize();
+    void reset_mtp();
 
     std::shared_ptr<const Model> model_;
     KvState kv_;
@@ -62,6 +68,11 @@ private:
     std::vector<int32_t> tokens_;
     std::vector<float> logits_;
     std::vector<float> last_hc_;
+    KvState mtp_kv_;
+    Scratch mtp_scratch_;
+    std::vector<float> mtp_logits_;
+    int64_t mtp_pos_ = -1;          // position whose draft mtp_logits_ holds
+    bool hidden_valid_ = false;     // last_hc_ belongs to the last token (not after a payload load)
     bool has_logits_ = false;
     bool stale_ = false;     // tokens_ is behind the state (after rewind): rebuild before use
 };

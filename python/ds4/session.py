@@ -165,10 +165,19 @@ class Session:
 
     # ---- MTP ----------------------------------------------------------------------------------
     def mtp_logits(self) -> np.ndarray:
-        """Draft logits of the MTP block for the token after next (needs MTP weights)."""
+        """MTP draft logits (float32 copy, vocab) for the token after the next one.
+
+        One MTP step (MODEL.md §3.12) from the last evaluated token and its final hidden state, run
+        once per position on first request; the MTP block's own 128-token window gets a row per
+        step taken, so call it after every eval when drafting continuously.
+        """
         if not self.engine.has_mtp:
             raise UnsupportedModelError("this engine has no MTP block loaded (pass mtp_path=...)")
-        raise UnsupportedModelError("MTP drafting is not implemented in the CPU engine yet")
+        return self._s.mtp_logits()
+
+    def mtp_draft(self) -> int:
+        """The MTP block's greedy draft for the token after the next one."""
+        return int(np.argmax(self.mtp_logits()))
 
     def __repr__(self) -> str:
         return f"Session(pos={self.pos}, ctx={self.ctx})"
