@@ -227,3 +227,19 @@ def test_paths_agree_on_large_rows(qtype):
             _check_close(y, outs["scalar"].astype(np.float64), 2 * tol)
     finally:
         core.set_simd_path(before)
+
+
+@pytest.mark.parametrize("qtype", (Q.Q2_K, Q.Q4_K, Q.IQ2_XXS), ids=lambda q: q.name)
+@given(data=st.data())
+def test_k_quant_paths_equal_scalar_exactly(qtype, data):
+    """The K/IQ SIMD kernels form the scalar int32 block sums and reuse the scalar per-block float
+    expression and order, so their results equal scalar exactly (value equality: a block with
+    d == 0 may contribute -0.0 on one path and +0.0 on another)."""
+    raw, n, rows, _ = data.draw(weight_case(qtype, max_rows=4, max_blocks=6))
+    x = activation(n, data.draw(st.integers(0, 2**32 - 1)), data.draw(st.sampled_from(ACT_PATTERNS)))
+    outs = []
+    for path in PATHS:
+        with simd_path(path):
+            outs.append(core.matvec(int(qtype), raw, (n, rows), x))
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])

@@ -1,7 +1,7 @@
 // Byte layouts of the weight block formats (MODEL.md 4.1) and the scalar half/bfloat16 conversions.
-// Internal to csrc/quant: kernels read blocks through these structs. Every field is read with
-// memcpy-free plain access only where the struct alignment is 1 or 2; float fields of activation
-// blocks are read with load_f32() because activation buffers may come at any byte offset.
+// Internal to csrc/quant. Multi-byte fields are read with load_*() (memcpy) because weight rows and
+// activation buffers may start at any byte offset. The helpers are `static` so that per-ISA files
+// (compiled with AVX-512 etc.) never provide the out-of-line copy the portable code links to.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -22,12 +22,12 @@ static_assert(sizeof(BlockQ4K) == 144, "Q4_K block layout");
 static_assert(sizeof(BlockIQ2XXS) == 66, "IQ2_XXS block layout");
 static_assert(sizeof(BlockQ8_0Act) == 36, "Q8_0 activation block layout");
 
-inline float load_f32(const void* p) { float v; std::memcpy(&v, p, 4); return v; }
-inline uint16_t load_u16(const void* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
-inline uint32_t load_u32(const void* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+static inline float load_f32(const void* p) { float v; std::memcpy(&v, p, 4); return v; }
+static inline uint16_t load_u16(const void* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
+static inline uint32_t load_u32(const void* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 
 // IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN payload kept).
-inline float f16_to_f32(uint16_t h) {
+static inline float f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     const uint32_t exp = (h >> 10) & 0x1f;
     uint32_t mant = h & 0x3ffu;
@@ -49,7 +49,7 @@ inline float f16_to_f32(uint16_t h) {
     return f;
 }
 
-inline float bf16_to_f32(uint16_t h) {
+static inline float bf16_to_f32(uint16_t h) {
     const uint32_t bits = (uint32_t)h << 16;
     float f;
     std::memcpy(&f, &bits, 4);
@@ -57,7 +57,7 @@ inline float bf16_to_f32(uint16_t h) {
 }
 
 // Q4_K packs eight 6-bit (scale, min) pairs into 12 bytes (MODEL.md 4.1).
-inline void q4k_scale_min(const uint8_t* s, int k, uint8_t* sc, uint8_t* m) {
+static inline void q4k_scale_min(const uint8_t* s, int k, uint8_t* sc, uint8_t* m) {
     if (k < 4) {
         *sc = s[k] & 63;
         *m = s[k + 4] & 63;

@@ -8,6 +8,10 @@
 #include "common/errors.h"
 #include "quant/dot_kernels.h"
 
+#if defined(DS4_ARCH_X86)
+#define DS4_HAVE_X86_KERNELS 1
+#endif
+
 namespace ds4 {
 
 using namespace quant;

@@ -349,10 +349,12 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
 def _parse(r: _Reader) -> GGUFHeader:
     magic = r.read(4)
     if magic != GGUF_MAGIC:
+        r.pos = 0
         raise r.fail(f"bad magic {magic!r}, expected {GGUF_MAGIC!r} (not a GGUF file)")
     version = r.u32()
     if version not in (2, 3):
-        raise r.fail(f"unsupported GGUF version {version}, expected 2 or 3")
+        hint = " (a big-endian file?)" if version in (2 << 24, 3 << 24) else ""
+        raise r.fail(f"unsupported GGUF version {version}, expected 2 or 3{hint}")
     width = 8  # v2 and v3 store counts and lengths as u64 (v1, 32-bit, is not supported)
     # each tensor info needs >= 8+4+8+4+8 bytes and each KV >= 8+4+1 bytes
     n_tensors = r.length("tensor count", width, 8 + 4 + 8 + 4 + 8)

@@ -21,7 +21,7 @@ from typing import Any
 from .errors import ModelFormatError, UnsupportedModelError
 from .gguf_header import KV, GGMLType, GGUFHeader, GGUFValueType, TensorHeader, read_header, type_name
 from .layout import ROUTED_TYPES, mtp_tensor_specs, shape_problems, tensor_specs
-from .memory_plan import DEFAULT_CTX, MiB, MemoryPlan, memory_plan
+from .memory_plan import DEFAULT_CTX, MiB, MemoryPlan, context_estimate, memory_plan
 from .shape import ARCH, FLASH, METADATA_KEYS, PRO, ModelShape
 
 __all__ = ["inspect", "ModelInfo", "TensorInfo", "TokenizerSummary", "MLAInfo", "read_shape"]
@@ -176,6 +176,11 @@ class ModelInfo:
                          f"indexer {mp.indexer_bytes / MiB:.2f} MiB, frontiers {mp.frontier_bytes / MiB:.2f} MiB, "
                          f"logits {mp.logits_bytes / MiB:.2f} MiB; context {mp.context_bytes / MiB:.2f} MiB + weights "
                          f"{mp.weights_bytes / MiB:.2f} MiB = {mp.total_bytes / MiB:.2f} MiB")
+            if s is not None:
+                cpu, gpu = context_estimate(s, mp.ctx, "cpu"), context_estimate(s, mp.ctx, "graph")
+                lines.append(f"estimate    upstream context buffers: cpu {cpu.total / MiB:.2f} MiB, "
+                             f"metal/cuda {gpu.total / MiB:.2f} MiB (raw_kv_rows={gpu.raw_cap}, "
+                             f"compressed_kv_rows={gpu.comp_cap})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -263,7 +268,16 @@ def _get_f32(h: GGUFHeader, key: str, pb: _Problems) -> float | None:
     if kv.type not in _F32_ACCEPTED:
         pb.add(f"metadata key {key} has type {_desc(kv)}, expected FLOAT32 (or FLOAT64/UINT32/INT32)")
         return None
+    if kv.type == GGUFValueType.FLOAT32:
+        return _f32_shortest(kv.value)
     return float(kv.value)
+
+
+def _f32_shortest(x: float) -> float:
+    """The shortest decimal that rounds to the same float32 (so 1e-6 stored as f32 reads back as
+    1e-6, and shapes compare equal to the tables they were written from)."""
+    import numpy as np
+    return float(str(np.float32(x)))
 
 
 def _get_array(h: GGUFHeader, key: str, pb: _Problems, subtypes: tuple[GGUFValueType, ...],
@@ -287,12 +301,17 @@ def _f32_close(found: float, expected: float) -> bool:
     return abs(found - expected) <= 1e-6 * max(1.0, abs(expected))
 
 
-def read_shape(h: GGUFHeader, pb: _Problems | None = None) -> ModelShape:
+def read_shape(h: GGUFHeader) -> ModelShape:
     """The :class:`ModelShape` a ``deepseek4`` header declares, with every key's GGUF type checked
     (MODEL.md §1.1: UINT32 exactly for integers, F32/F64/U32/I32 for floats, BOOL, arrays per
     entry). Raises ModelFormatError listing every problem."""
-    own = pb is None
-    pb = pb or _Problems(h.path)
+    pb = _Problems(h.path)
+    shape = _read_shape(h, pb)
+    pb.raise_if_any()
+    return shape
+
+
+def _read_shape(h: GGUFHeader, pb: _Problems) -> ModelShape:
     p = ARCH + "."
     vals: dict[str, Any] = {}
     for fld, key in METADATA_KEYS.items():
@@ -325,7 +344,8 @@ def read_shape(h: GGUFHeader, pb: _Problems | None = None) -> ModelShape:
         vals["compress_ratios"] = tuple(ratios)
     clamp = _get_array(h, p + METADATA_KEYS["swiglu_clamp"], pb, (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64), n_check)
     if clamp is not None and clamp[:n_check]:
-        first = float(clamp[0])
+        kv = h.metadata[p + METADATA_KEYS["swiglu_clamp"]]
+        first = _f32_shortest(clamp[0]) if kv.subtype == GGUFValueType.FLOAT32 else float(clamp[0])
         for il, c in enumerate(clamp[:n_check]):
             if not _f32_close(float(c), first):
                 pb.add(f"metadata key {p}swiglu_clamp_exp[{il}] = {c}, expected {first} (the same clamp on every layer)")
@@ -340,7 +360,6 @@ def read_shape(h: GGUFHeader, pb: _Problems | None = None) -> ModelShape:
         # optional; upstream reads a wrong-typed value as 0
         if kv is not None and kv.type == GGUFValueType.UINT32 and kv.value != 0:
             pb.add(f"metadata key {p}{k} = {kv.value}, expected 0 (grouped routing is not used)")
-    pb.raise_if_any() if own else None
     if any(v is None for v in vals.values()) or "compress_ratios" not in vals or "swiglu_clamp" not in vals:
         pb.raise_if_any()
         raise ModelFormatError(f"{h.path}: incomplete DS4 metadata")
@@ -432,8 +451,8 @@ def _tokenizer_summary(h: GGUFHeader) -> TokenizerSummary:
 def _metadata_values(h: GGUFHeader) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, kv in h.metadata.items():
-        if kv.is_array and len(kv.value) > _BIG_ARRAY:
-            continue
+        if kv.is_array and (len(kv.value) > _BIG_ARRAY or k.startswith("tokenizer.ggml.")):
+            continue  # vocabularies are summarised in ModelInfo.tokenizer
         out[k] = list(kv.value) if kv.is_array else kv.value
     return out
 
@@ -528,7 +547,7 @@ def inspect(path: str | os.PathLike[str], ctx: int | None = None, strict: bool =
                          n_params=n, n_params_active=n, memory=None, mla=mla, **common)  # type: ignore[arg-type]
 
     pb = _Problems(path)
-    shape = read_shape(h, pb)
+    shape = _read_shape(h, pb)
     variant = _variant(shape, pb)
     if strict and variant == "custom":
         pb.add(f"strict mode accepts only DeepSeek V4 Flash or Pro; this is a custom shape "

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .shape import ModelShape
 
-__all__ = ["LayerMemory", "MemoryPlan", "memory_plan", "DEFAULT_CTX"]
+__all__ = ["LayerMemory", "MemoryPlan", "memory_plan", "ContextEstimate", "context_estimate", "DEFAULT_CTX"]
 
 DEFAULT_CTX = 32768
 _F32 = 4
@@ -125,3 +125,52 @@ def memory_plan(shape: ModelShape, ctx: int, weights_bytes: int = 0) -> MemoryPl
         scratch_bytes=scratch,
         weights_bytes=weights_bytes,
     )
+
+
+@dataclass(frozen=True)
+class ContextEstimate:
+    """Upstream's ``ds4_context_memory_estimate(backend, ctx)`` (RUNTIME.md §5.3), for any shape.
+
+    Frontiers and logits are not included (as upstream). ``prefill_cap`` is 0 on the CPU.
+    """
+
+    backend: str
+    ctx: int
+    total: int
+    raw: int
+    compressed: int
+    scratch: int
+    prefill_cap: int
+    raw_cap: int
+    comp_cap: int
+
+
+def context_estimate(shape: ModelShape, ctx: int, backend: str = "cpu", prefill_chunk: int = 2048) -> ContextEstimate:
+    """Context buffer bytes as upstream logs them, for ``backend`` "cpu" or "graph" (Metal/CUDA).
+
+    The graph backends keep a raw ring of ``min(n_swa, ctx) + prefill_cap`` rows rounded up to 256
+    (at most 8192) so a whole prefill chunk fits, plus a ``comp_cap x prefill_cap`` score scratch.
+    """
+    ctx = max(1, int(ctx))
+    w = max(1, min(shape.n_swa, ctx))
+    comp = 0
+    for il in range(shape.n_layer):
+        r = shape.compress_ratio(il)
+        if r:
+            comp += (ctx // r + 2) * shape.head_dim * _F32
+        if r == 4:
+            comp += (ctx // r + 2) * shape.indexer_head_dim * _F32
+    comp_cap = max(2, ctx // 4 + 2)
+    if backend == "cpu":
+        prefill_cap, raw_cap = 0, w
+        scratch = (raw_cap + comp_cap) * _F32 + comp_cap * _F32 + comp_cap
+    elif backend == "graph":
+        prefill_cap = ctx if ctx <= prefill_chunk else prefill_chunk
+        wanted = max(1, min(w + prefill_cap, ctx))
+        raw_cap = max(w, min(8192, (wanted + 255) // 256 * 256))
+        scratch = 2 * comp_cap * prefill_cap * _F32
+    else:
+        from .errors import InvalidArgumentError
+        raise InvalidArgumentError(f"unknown backend {backend!r}, expected 'cpu' or 'graph'")
+    raw = shape.n_layer * raw_cap * shape.head_dim * _F32
+    return ContextEstimate(backend, ctx, raw + comp + scratch, raw, comp, scratch, prefill_cap, raw_cap, comp_cap)

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import ContextOverflowError, InvalidArgumentError, ModelFormatError
+from ..errors import ContextOverflowError, InvalidArgumentError, ModelFormatError, UnsupportedModelError
 from ..shape import ModelShape
 from .attention import AttentionWeights, attention_core
 from .hc import HcSplit, hc_post, hc_pre
@@ -36,7 +36,7 @@ from .moe import FfnWeights, ffn_core
 from .numerics import rms_norm
 from .rope import RopeParams, rope_params
 from .state import LayerState, ReferenceState
-from .weights import Tensor, TensorFile, read_shape, read_swiglu_clamps
+from .weights import Tensor, TensorFile, read_swiglu_clamps
 
 __all__ = ["LayerWeights", "layer_forward", "ReferenceModel"]
 
@@ -100,8 +100,13 @@ class ReferenceModel:
     """
 
     def __init__(self, path: str | Path, mtp_path: str | Path | None = None) -> None:
+        from ..inspection import inspect  # validates metadata and tensor layout, header only
+
+        info = inspect(path)
+        if info.shape is None:
+            raise UnsupportedModelError(f"{path}: architecture {info.arch!r} is not DeepSeek V4")
         self.file = TensorFile(path)
-        self.shape: ModelShape = read_shape(self.file)
+        self.shape: ModelShape = info.shape
         s = self.shape
         self.clamps = read_swiglu_clamps(self.file, s)
         self.token_embd = self.file.get("token_embd.weight", (s.n_embd, s.n_vocab))

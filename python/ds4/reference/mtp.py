@@ -19,13 +19,32 @@ from .head import HeadWeights, output_logits
 from .model import LayerWeights, layer_forward, _record
 from .numerics import rms_norm
 from .rope import rope_params
-from .state import LayerState, ReferenceState
+from .numerics import f16_round
+from .state import LayerState, ReferenceState  # noqa: F401
 from .weights import Tensor, TensorFile
 
 if TYPE_CHECKING:
     from .model import ReferenceModel
 
-__all__ = ["MtpWeights", "mtp_step"]
+__all__ = ["MtpWeights", "MtpLayerState", "mtp_step"]
+
+
+@dataclass
+class MtpLayerState(LayerState):
+    """The MTP block's raw window: a ring indexed by ``pos % raw_cap`` with its own live-row
+    counter, as upstream's graph keeps it (drafts may revisit positions after a rollback)."""
+
+    pos: int = 0
+
+    def push_raw(self, row: np.ndarray) -> None:
+        self.raw[self.pos % self.raw_cap] = f16_round(row)
+        self.n_raw = min(self.n_raw + 1, self.raw_cap)
+
+    @property
+    def raw_rows(self) -> np.ndarray:
+        """Rows of positions ``pos-n_raw+1 .. pos``, oldest first."""
+        idx = [(self.pos - self.n_raw + 1 + i) % self.raw_cap for i in range(self.n_raw)]
+        return self.raw[idx]
 
 
 @dataclass
@@ -59,7 +78,8 @@ def mtp_step(model: "ReferenceModel", st: ReferenceState, hidden: np.ndarray, to
     s = model.shape
     w: MtpWeights = model.mtp
     if st.mtp is None:
-        st.mtp = LayerState(-1, 0, s.head_dim, s.indexer_head_dim, st.raw_cap, 0)
+        st.mtp = MtpLayerState(-1, 0, s.head_dim, s.indexer_head_dim, st.raw_cap, 0)
+    st.mtp.pos = pos
     hprev = np.asarray(hidden, dtype=np.float32).reshape(s.n_hc, s.n_embd)
     e = model.embed(token)
     e_proj = w.e_proj.matvec(rms_norm(e, w.enorm.values, s.rms_eps))

@@ -1,4 +1,4 @@
-"""GGUF tensors and the model shape, read with ``gguf.GGUFReader`` and dequantised lazily.
+"""GGUF tensors read with ``gguf.GGUFReader`` and dequantised lazily (the shape comes from ``ds4.inspect``).
 
 A :class:`Tensor` keeps its ggml type and dims next to the dequantised values, so a product with it
 quantises the activation the way the CPU kernel for that type does (:mod:`ds4.reference.quant`).
@@ -7,7 +7,7 @@ Only small models are practical: a dequantised tensor is held in memory as float
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from ..errors import ModelFormatError
 from ..shape import ARCH, METADATA_KEYS, ModelShape
 from .quant import act_roundtrip, act_type_for, dequantize
 
-__all__ = ["Tensor", "TensorFile", "read_shape", "read_swiglu_clamps"]
+__all__ = ["Tensor", "TensorFile", "read_swiglu_clamps"]
 
 
 @dataclass
@@ -106,49 +106,6 @@ class TensorFile:
 
     def opt(self, name: str) -> Tensor | None:
         return self.tensors.get(name)
-
-
-_INT_FIELDS = {f for f, t in ModelShape.__annotations__.items() if t == "int"}
-
-
-def read_shape(tf: TensorFile) -> ModelShape:
-    """Build the :class:`ModelShape` from the ``deepseek4.*`` metadata (MODEL.md §1).
-
-    Integer sizes are required; scalar hyper-parameters missing from the file keep the Flash
-    defaults of :class:`ModelShape`.
-    """
-    arch = tf.metadata("general.architecture")
-    if arch is not None and arch != ARCH:
-        raise ModelFormatError(f"{tf.path}: general.architecture is {arch!r}, expected {ARCH!r}")
-    defaults = {f.name: f.default for f in ModelShape.__dataclass_fields__.values()}
-    values: dict[str, Any] = {}
-    for fname, key in METADATA_KEYS.items():
-        v = tf.metadata(f"{ARCH}.{key}")
-        if v is None:
-            if defaults[fname] is not MISSING:
-                continue
-            raise ModelFormatError(f"{tf.path}: metadata key {ARCH}.{key} is missing")
-        values[fname] = v
-    n_layer = int(values["n_layer"])
-    ratios = values.get("compress_ratios")
-    if not isinstance(ratios, list) or len(ratios) < n_layer or any(int(r) < 0 for r in ratios[:n_layer]):
-        raise ModelFormatError(f"{tf.path}: {ARCH}.attention.compress_ratios must list >= {n_layer} "
-                               f"non-negative ratios, got {ratios!r}")
-    values["compress_ratios"] = tuple(int(r) for r in ratios[:n_layer])
-    clamp = values.get("swiglu_clamp")
-    if isinstance(clamp, list):
-        if len(clamp) < n_layer:
-            raise ModelFormatError(f"{tf.path}: {ARCH}.swiglu_clamp_exp has {len(clamp)} entries, "
-                                   f"expected >= {n_layer}")
-        values["swiglu_clamp"] = float(clamp[0])
-    for k, v in list(values.items()):
-        if k in _INT_FIELDS:
-            values[k] = int(v)
-        elif k == "expert_weights_norm":
-            values[k] = bool(v)
-        elif k != "compress_ratios":
-            values[k] = float(v)
-    return ModelShape(**values)
 
 
 def read_swiglu_clamps(tf: TensorFile, shape: ModelShape) -> list[float]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from .._paths import cache_dir
 from ._presets import PRESETS, preset, shapes
 from ._vocab import Vocab, deepseek_vocab, tiny_vocab
-from ._writer import MetaItem, ModelPlan, TensorPlan, model_plan, tensor_data, write_model, write_plan
+from ._writer import MetaItem, ModelPlan, TensorPlan, model_plan, tensor_data, write_gguf, write_model, write_plan
 
 __all__ = [
     "PRESETS",
@@ -27,6 +27,7 @@ __all__ = [
     "shapes",
     "write_model",
     "write_plan",
+    "write_gguf",
     "model_plan",
     "ModelPlan",
     "MetaItem",

@@ -13,7 +13,7 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from ._blocks import random_q8_0, random_quant
 from ._presets import REAL_VOCAB_PRESETS, preset
 from ._vocab import Vocab, deepseek_vocab, tiny_vocab
 
-__all__ = ["MetaItem", "TensorPlan", "ModelPlan", "model_plan", "write_plan", "write_model",
+__all__ = ["MetaItem", "TensorPlan", "ModelPlan", "model_plan", "write_plan", "write_model", "write_gguf",
            "resolve_shape", "resolve_vocab"]
 
 VocabArg = Union[None, str, Vocab]
@@ -251,40 +251,51 @@ def write_plan(path: str | os.PathLike[str], plan: ModelPlan, seed: int = 0,
     ``header_only`` writes metadata and tensor infos and leaves the data region a sparse hole of
     the right size, so the file is valid (offsets in range) but its weights read as zeros.
     """
+    items = list(plan.metadata.values())
+    tensors = [(t.name, t.dims, t.type) for t in plan.tensors]
+    data = None if header_only else (lambda i: tensor_data(plan.tensors[i], plan.shape, seed))
+    return write_gguf(path, items, tensors, alignment=plan.alignment, data=data)
+
+
+def write_gguf(path: str | os.PathLike[str], metadata: list[MetaItem],
+               tensors: list[tuple[str, tuple[int, ...], int]], alignment: int = 32,
+               data: Callable[[int], np.ndarray] | None = None) -> Path:
+    """Write any GGUF file (any architecture) atomically: ``metadata`` items in order, then the
+    tensor infos ``(name, ggml dims, ggml type)``; ``data(i)`` gives tensor i's contents in gguf's
+    numpy layout, or with ``data=None`` the data region is left a sparse hole of the right size."""
     import gguf
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     w = gguf.GGUFWriter(None, ARCH)
-    w.kv_data[0].clear()  # the plan owns every key, general.architecture included
-    w.data_alignment = plan.alignment
-    for m in plan.metadata.values():
+    w.kv_data[0].clear()  # the caller owns every key, general.architecture included
+    w.data_alignment = alignment
+    for m in metadata:
         sub = None if m.subtype is None else gguf.GGUFValueType(m.subtype)
         w.add_key_value(m.key, m.value, gguf.GGUFValueType(m.vtype), sub_type=sub)
     sizes = []
-    for t in plan.tensors:
-        nbytes = tensor_nbytes(t.type, t.dims)
+    for name, dims, type_id in tensors:
+        nbytes = tensor_nbytes(type_id, dims)
         sizes.append(nbytes)
-        w.add_tensor_info(t.name, tuple(reversed(t.dims)), np.dtype(np.float32), nbytes,
-                          raw_dtype=gguf.GGMLQuantizationType(t.type))
+        w.add_tensor_info(name, tuple(reversed(dims)), np.dtype(np.float32), nbytes,
+                          raw_dtype=gguf.GGMLQuantizationType(type_id))
     try:
         w.write_header_to_file(path=tmp)
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         assert w.fout is not None
         f = w.fout[0]
-        if header_only:
-            a = plan.alignment
-            start = (f.tell() + a - 1) // a * a
-            total = sum((n + a - 1) // a * a for n in sizes)
+        if data is None:
+            start = (f.tell() + alignment - 1) // alignment * alignment
+            total = sum((n + alignment - 1) // alignment * alignment for n in sizes)
             f.truncate(start + total)
         else:
-            for t, n in zip(plan.tensors, sizes):
-                data = np.ascontiguousarray(tensor_data(t, plan.shape, seed))
-                if data.nbytes != n:
-                    raise InvalidArgumentError(f"{t.name}: generated {data.nbytes} bytes, expected {n}")
-                w.write_tensor_data(data)
+            for i, (n, (name, _, _)) in enumerate(zip(sizes, tensors)):
+                arr = np.ascontiguousarray(data(i))
+                if arr.nbytes != n:
+                    raise InvalidArgumentError(f"{name}: generated {arr.nbytes} bytes, expected {n}")
+                w.write_tensor_data(arr)
         w.close()
         os.replace(tmp, path)
     except BaseException:

@@ -1,0 +1,162 @@
+"""CPU kernel throughput: weight bytes streamed per second by matvec, next to the machine's copy
+bandwidth, and matmul GFLOP/s next to numpy float32 `@` on the same shape.
+
+    PYTHONPATH=python python bench/kernels.py --threads 2 --json /tmp/kernels.json
+    PYTHONPATH=python python bench/kernels.py --paths all --baseline /tmp/kernels.json
+
+Shapes: a dense 4096 x 4096 matvec per weight type; a Flash-like routed expert tensor of 256
+experts x 2048 rows x 4096 (6 experts selected per call, a different set each call so the
+selected weights come from memory, not cache); matmul 4096 x 4096 at batch 64 and 512.
+Weights are random valid blocks built in memory (finite f16 scales, any codes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Result, add_common_args, copy_bandwidth, machine_info, measure, report, time_call  # noqa: E402
+
+import ds4._core as core  # noqa: E402
+
+DENSE_TYPES = (Q.F16, Q.BF16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
+EXPERT_TYPES = (Q.IQ2_XXS, Q.Q2_K, Q.Q4_K)
+MATMUL_TYPES = (Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS, Q.F16)
+SCALE_FIELDS = {Q.Q8_0: (0,), Q.Q2_K: (80, 82), Q.Q4_K: (0, 2), Q.IQ2_XXS: (0,)}
+
+
+def random_weights(qtype: Q, n: int, rows: int, seed: int = 0, chunk_mb: int = 32) -> np.ndarray:
+    """uint8 bytes of a [rows x n] tensor; a random chunk is tiled to keep huge tensors cheap."""
+    rng = np.random.default_rng(seed)
+    be, bb = GGML_QUANT_SIZES[qtype]
+    nbytes = n * rows // be * bb
+    if qtype == Q.F16:
+        chunk = rng.standard_normal(min(nbytes, chunk_mb << 20) // 2).astype(np.float16).view(np.uint8)
+    elif qtype == Q.BF16:
+        f = rng.standard_normal(min(nbytes, chunk_mb << 20) // 2).astype(np.float32)
+        chunk = (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        nblk = max(1, min(nbytes, chunk_mb << 20) // bb)
+        blocks = rng.integers(0, 256, size=(nblk, bb), dtype=np.uint8)
+        for off in SCALE_FIELDS[qtype]:
+            scales = (np.exp2(rng.uniform(-12, -4, nblk))).astype(np.float16)
+            blocks[:, off : off + 2] = scales.view(np.uint8).reshape(nblk, 2)
+        chunk = blocks.reshape(-1)
+    return np.resize(chunk, nbytes)  # repeats the chunk: whole blocks since chunk is block-aligned
+
+
+def bench_dense(args, paths, copy_gbs, results, rows_out):
+    n = rows = 1024 if args.quick else 4096
+    x = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    for qtype in DENSE_TYPES:
+        raw = random_weights(qtype, n, rows)
+        for path in paths:
+            core.set_simd_path(path)
+            secs = time_call(lambda: core.matvec(int(qtype), raw, (n, rows), x), args.repeats, warmup=2, min_time=0.05)
+            name = f"matvec/{qtype.name}/{n}x{rows}/{path}/t{args.threads}"
+            r = measure(name, "GB/s", [raw.size / s / 1e9 for s in secs], bytes=int(raw.size))
+            results.append(r)
+            rows_out.append({"case": f"matvec {n}x{rows}", "type": qtype.name, "path": path, "GB/s": r.median,
+                             "spread": f"{r.min:.3g}-{r.max:.3g}", "of_copy": r.median / copy_gbs,
+                             "_names": {"GB/s": name}})
+
+
+def bench_experts(args, paths, copy_gbs, results, rows_out):
+    n, rows, n_expert, k = 4096, 2048, (32 if args.quick else 256), 6
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(n).astype(np.float32)
+    id_sets = [rng.choice(n_expert, size=k, replace=False).astype(np.int32) for _ in range(64)]
+    for qtype in EXPERT_TYPES:
+        raw = random_weights(qtype, n, rows * n_expert)
+        streamed = k * rows * core.row_bytes(int(qtype), n)
+        for path in paths:
+            core.set_simd_path(path)
+            it = iter(range(10**9))
+            secs = time_call(lambda: core.matvec_experts(int(qtype), raw, (n, rows, n_expert), id_sets[next(it) % 64], x),
+                             args.repeats, warmup=2, min_time=0.05)
+            name = f"experts/{qtype.name}/{n_expert}x{rows}x{n}/k{k}/{path}/t{args.threads}"
+            r = measure(name, "GB/s", [streamed / s / 1e9 for s in secs], bytes=int(streamed))
+            results.append(r)
+            rows_out.append({"case": f"experts {n_expert}x{rows}x{n} k={k}", "type": qtype.name, "path": path,
+                             "GB/s": r.median, "spread": f"{r.min:.3g}-{r.max:.3g}", "of_copy": r.median / copy_gbs,
+                             "_names": {"GB/s": name}})
+        del raw
+
+
+def bench_matmul(args, paths, results, rows_out):
+    n = rows = 1024 if args.quick else 4096
+    for nb in (64, 512):
+        X = np.random.default_rng(3).standard_normal((nb, n)).astype(np.float32)
+        flops = 2.0 * n * rows * nb
+        wf = np.random.default_rng(4).standard_normal((rows, n)).astype(np.float32)
+        secs = time_call(lambda: X @ wf.T, args.repeats, warmup=1, min_time=0.05)
+        name = f"matmul/numpy_f32/{n}x{rows}/b{nb}"
+        r = measure(name, "GFLOP/s", [flops / s / 1e9 for s in secs])
+        results.append(r)
+        np_gf = r.median
+        rows_out.append({"case": f"matmul b={nb}", "type": "numpy f32 @", "path": "blas", "GFLOP/s": r.median,
+                         "spread": f"{r.min:.3g}-{r.max:.3g}", "_names": {"GFLOP/s": name}})
+        del wf
+        for qtype in MATMUL_TYPES:
+            raw = random_weights(qtype, n, rows)
+            for path in paths:
+                core.set_simd_path(path)
+                reps = max(3, args.repeats // 2) if nb == 512 else args.repeats
+                secs = time_call(lambda: core.matmul(int(qtype), raw, (n, rows), X), reps, warmup=1)
+                name = f"matmul/{qtype.name}/{n}x{rows}/b{nb}/{path}/t{args.threads}"
+                r = measure(name, "GFLOP/s", [flops / s / 1e9 for s in secs])
+                results.append(r)
+                rows_out.append({"case": f"matmul b={nb}", "type": qtype.name, "path": path, "GFLOP/s": r.median,
+                                 "spread": f"{r.min:.3g}-{r.max:.3g}", "vs_numpy": r.median / np_gf,
+                                 "_names": {"GFLOP/s": name}})
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p)
+    p.add_argument("--paths", default="active", help="'active', 'all' or a comma list (scalar,avx2,avx512)")
+    p.add_argument("--only", default="dense,experts,matmul", help="comma list of sections to run")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats = min(args.repeats, 3)
+    core.set_threads(args.threads)
+    active = core.simd_path()
+    paths = core.simd_paths() if args.paths == "all" else [active] if args.paths == "active" else args.paths.split(",")
+    sections = set(args.only.split(","))
+
+    results: list[Result] = []
+    copy = copy_bandwidth(64 if args.quick else 256, repeats=args.repeats)
+    results.append(copy)
+    print(f"copy bandwidth (1 thread, numpy): {copy.median:.2f} GB/s (min {copy.min:.2f}, max {copy.max:.2f})")
+    try:
+        if sections & {"dense", "experts"}:
+            rows_out: list[dict] = []
+            if "dense" in sections:
+                bench_dense(args, paths, copy.median, results, rows_out)
+            if "experts" in sections:
+                bench_experts(args, paths, copy.median, results, rows_out)
+            print(f"\nweight streaming, {args.threads} threads (of_copy = GB/s / copy bandwidth)")
+            _table(rows_out, ["case", "type", "path", "GB/s", "spread", "of_copy"], results, args)
+        if "matmul" in sections:
+            rows_out = []
+            bench_matmul(args, paths, results, rows_out)
+            print(f"\nmatmul, {args.threads} threads (numpy uses its own BLAS threads)")
+            _table(rows_out, ["case", "type", "path", "GFLOP/s", "spread", "vs_numpy"], results, args)
+    finally:
+        core.set_simd_path(active)
+    if args.json:
+        machine = machine_info(threads=args.threads, simd_paths=core.simd_paths(), copy_gbs=copy.median)
+        report(results, machine, argparse.Namespace(baseline=None, json=args.json), [], [])
+
+
+def _table(rows, columns, results, args):
+    report(results, {}, argparse.Namespace(baseline=args.baseline, json=None), columns, rows)
+
+
+if __name__ == "__main__":
+    main()

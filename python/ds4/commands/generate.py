@@ -1,0 +1,237 @@
+"""``ds4 generate -m MODEL -p TEXT ...``: one-shot generation, streamed to stdout.
+
+Like upstream's ``ds4 -p``: the prompt is one chat turn with the system text (default "You are a
+helpful assistant"), unless it starts with the BOS string (already-rendered chat) or ``--raw`` is
+given (plain text, no template). Reasoning is printed dimmed on a terminal; speeds go to stderr as
+``ds4: prefill: X t/s, generation: Y t/s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+from ..errors import ContextOverflowError, Ds4IOError, InvalidArgumentError
+
+__all__ = ["register", "run", "add_sampling_args", "open_engine", "ReferenceEngine", "ProgressBar",
+           "think_from_args", "StreamPrinter"]
+
+_DIM, _RESET = "\x1b[2m", "\x1b[0m"
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """Model, context, sampling and thinking flags shared by ``generate`` and ``chat``."""
+    p.add_argument("-m", "--model", default=None, help="GGUF model (default: the bundled tiny synthetic model)")
+    p.add_argument("-c", "--ctx", type=int, default=32768, metavar="N", help="context size (default 32768)")
+    p.add_argument("-sys", "--system", default="You are a helpful assistant",
+                   help='system text (default "You are a helpful assistant"; "" disables)')
+    p.add_argument("-n", "--max-tokens", "--tokens", dest="max_tokens", type=int, default=None, metavar="N",
+                   help="generation budget (default: until EOS or the context is full)")
+    p.add_argument("--temp", type=float, default=1.0, metavar="T", help="temperature (default 1; <= 0 greedy)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="top-k (default 0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="top-p (default 1)")
+    p.add_argument("--min-p", type=float, default=0.05, metavar="P", help="min-p (default 0.05)")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="RNG seed (default: time based)")
+    p.add_argument("--think", nargs="?", const="high", default="high", choices=("none", "high", "max"),
+                   help="thinking mode (default high; max needs ctx >= 393216)")
+    p.add_argument("--nothink", dest="think", action="store_const", const="none", help="disable thinking")
+    p.add_argument("--think-max", dest="think", action="store_const", const="max", help="think mode max")
+    p.add_argument("--reference", action="store_true",
+                   help="run the pure-numpy reference model instead of the compiled engine (small models only)")
+    p.add_argument("--progress", action="store_true", help="always show the prefill progress bar")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("generate", help="generate text from a prompt",
+                              description="One-shot generation from a prompt, streamed to stdout.")
+    add_sampling_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-p", "--prompt", default=None, help="prompt text")
+    src.add_argument("--prompt-file", default=None, metavar="FILE", help="read the prompt from FILE")
+    p.add_argument("--raw", action="store_true", help="plain-tokenize the prompt (no chat template, no BOS)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    p.set_defaults(func=run)
+
+
+def think_from_args(args: argparse.Namespace) -> str:
+    return args.think
+
+
+# ---- engines -------------------------------------------------------------------------------------
+
+
+class _ReferenceSession:
+    """The session API over ``ds4.reference`` state (extend = decode token by token, else rebuild)."""
+
+    def __init__(self, model, ctx: int) -> None:
+        if ctx <= 0:
+            raise InvalidArgumentError(f"ctx must be > 0, got {ctx}")
+        self._model, self.ctx = model, int(ctx)
+        self._st = None
+        self.logits = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._st.tokens) if self._st is not None else []
+
+    @property
+    def pos(self) -> int:
+        return len(self._st.tokens) if self._st is not None else 0
+
+    def sync(self, tokens: Sequence[int], progress=None) -> None:
+        tokens = [int(t) for t in tokens]
+        if not tokens or len(tokens) >= self.ctx:
+            raise ContextOverflowError(f"prompt of {len(tokens)} tokens exceeds the context of {self.ctx}")
+        live = self.tokens
+        if self._st is not None and len(live) <= len(tokens) and tokens[: len(live)] == live:
+            suffix = tokens[len(live):]
+            for i, t in enumerate(suffix):
+                self.logits = self._model.decode(self._st, t)
+                if progress is not None:
+                    progress("decode", i + 1, len(suffix))
+            return
+        self._st = self._model.new_state(self.ctx)
+        self.logits = self._model.prefill(self._st, tokens)
+        if progress is not None:
+            progress("prefill_chunk", len(tokens), len(tokens))
+
+    def eval(self, token: int) -> None:
+        if self.pos >= self.ctx:
+            raise ContextOverflowError(f"context of {self.ctx} tokens is full")
+        self.logits = self._model.decode(self._st, int(token))
+
+
+class ReferenceEngine:
+    """Engine-shaped wrapper of the numpy reference model (for tests and tiny models)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from ..reference import ReferenceModel
+        from ..tokenizer import Tokenizer
+
+        self.model = ReferenceModel(path)
+        self.tokenizer = Tokenizer.from_gguf(path)
+        self.info = SimpleNamespace(shape=self.model.shape)
+
+    def session(self, ctx: int = 32768) -> _ReferenceSession:
+        return _ReferenceSession(self.model, ctx)
+
+
+def open_engine(args: argparse.Namespace):
+    from ..testing import default_model_path
+
+    path = args.model if args.model is not None else default_model_path()
+    if not os.path.exists(path):
+        raise Ds4IOError(f"{path}: model file not found")
+    if args.reference:
+        return ReferenceEngine(path)
+    try:
+        from ..engine import Engine
+    except ModuleNotFoundError as e:
+        if e.name not in ("ds4.engine", "ds4._core"):
+            raise
+        raise InvalidArgumentError(
+            "the compiled engine is not available in this build; pass --reference to run the numpy "
+            "reference model (small models only)") from None
+    return Engine(path)
+
+
+# ---- terminal output -----------------------------------------------------------------------------
+
+
+class ProgressBar:
+    """A one-line stderr progress bar for long prefills (throttled; cleared when done)."""
+
+    def __init__(self, stream=None, enabled: bool | None = None, min_total: int = 64) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.min_total = min_total
+        self._last = 0.0
+        self._shown = False
+
+    def __call__(self, what: str, current: int, total: int) -> None:
+        if not self.enabled or total < self.min_total:
+            return
+        now = time.monotonic()
+        if current < total and now - self._last < 0.1:
+            return
+        self._last = now
+        width = 30
+        done = int(width * current / max(total, 1))
+        self.stream.write(f"\rprefill [{'#' * done}{'.' * (width - done)}] {current}/{total} tokens")
+        self.stream.flush()
+        self._shown = True
+
+    def close(self) -> None:
+        if self._shown:
+            self.stream.write("\r" + " " * 70 + "\r")
+            self.stream.flush()
+            self._shown = False
+
+
+class StreamPrinter:
+    """Prints token events; reasoning dimmed on a terminal."""
+
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self._dim = False
+
+    def write(self, text: str, channel: str) -> None:
+        if not text:
+            return
+        want_dim = self.tty and channel == "reasoning"
+        if want_dim != self._dim:
+            self.stream.write(_DIM if want_dim else _RESET)
+            self._dim = want_dim
+        self.stream.write(text)
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self._dim:
+            self.stream.write(_RESET)
+            self._dim = False
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def report_speed(fin) -> None:
+    print(f"ds4: prefill: {fin.prefill_tps:.2f} t/s, generation: {fin.decode_tps:.2f} t/s "
+          f"({fin.usage.prompt_tokens} prompt, {fin.usage.completion_tokens} generated, "
+          f"finish: {fin.finish_reason})", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..generation import FinishEvent, generate
+
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                prompt = f.read()
+        except OSError as e:
+            raise Ds4IOError(f"{args.prompt_file}: cannot read prompt file: {e}") from e
+    else:
+        prompt = args.prompt
+    engine = open_engine(args)
+    bar = ProgressBar(enabled=True if args.progress else None)
+    out = StreamPrinter()
+    fin = None
+    try:
+        for ev in generate(engine, prompt=prompt, max_tokens=args.max_tokens, temperature=args.temp,
+                           top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, stop=args.stop,
+                           seed=args.seed, think=think_from_args(args), system=args.system or None,
+                           raw=args.raw, ctx=args.ctx, progress=bar):
+            if isinstance(ev, FinishEvent):
+                fin = ev
+            else:
+                bar.close()
+                out.write(ev.text, ev.channel)
+    finally:
+        bar.close()
+    out.end()
+    if fin is not None:
+        report_speed(fin)
+    return 0

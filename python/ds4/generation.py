@@ -1,0 +1,354 @@
+"""Text generation on top of an engine session: prompt building, sampling loop, streaming events.
+
+``generate(engine, prompt=... | messages=... | tokens=..., ...)`` drives the session API
+(``engine.session(ctx=N)``, ``s.sync(tokens)``, ``s.eval(token)``, ``s.logits``, ``s.pos``,
+``s.tokens``, ``s.ctx``) and yields dataclass events:
+
+* :class:`TokenEvent` for every generated token (EOS excluded): the token id, the *released* text
+  delta (UTF-8 safe across token boundaries; text that could be the start of a stop string is held
+  back and released later), and the channel — ``"reasoning"`` before ``</think>`` when the prompt
+  opened a ``<think>`` block, else ``"content"``;
+* one final :class:`FinishEvent` with the finish reason (``"eos"``, ``"stop"`` for a stop string,
+  ``"length"`` for the token budget, ``"context"`` when the context is full), the texts, the tokens,
+  usage counts and timings.
+
+Semantics follow upstream (RUNTIME.md §3.7, §9.5, §10.1): EOS is never evaluated nor emitted; stop
+strings are matched on the generated text of the current channel and are not emitted; the sampled
+token is only evaluated when another token is needed, so a finished session holds the prompt plus
+every emitted token but the last (the next ``sync`` evaluates it when the conversation continues).
+
+Example::
+
+    >>> for ev in generate(engine, prompt="Hi", max_tokens=8, seed=1):   # doctest: +SKIP
+    ...     print(ev.text if isinstance(ev, TokenEvent) else ev.finish_reason, end="")
+"""
+
+from __future__ import annotations
+
+import codecs
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from .chat import DEFAULT_SYSTEM, encode_chat_prompt, render, think_mode_for_context
+from .errors import ContextOverflowError, InvalidArgumentError
+from .sampling import (
+    DEFAULT_MIN_P,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    Rng,
+    TokenLogprob,
+    sample,
+    time_seed,
+    token_logprob,
+    top_logprobs,
+)
+
+__all__ = [
+    "DEFAULT_CTX",
+    "Usage",
+    "TokenEvent",
+    "FinishEvent",
+    "GenerationEvent",
+    "build_prompt",
+    "generate",
+]
+
+DEFAULT_CTX = 32768  # upstream CLI default context
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one generation. ``cached_tokens``: prompt tokens reused from the live session."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token and the text released with it (may be '' while text is held back).
+
+    ``token`` is None only for the final flush of held-back text before the FinishEvent.
+    """
+
+    token: int | None
+    text: str
+    channel: str  # "reasoning" | "content"
+    logprob: float | None = None
+    top_logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """End of generation: why it stopped, what was produced, counts and timings."""
+
+    finish_reason: str  # "eos" | "stop" | "length" | "context"
+    reasoning: str
+    content: str
+    tokens: tuple[int, ...]
+    usage: Usage
+    prompt_seconds: float
+    decode_seconds: float
+    stop: str | None = None  # the stop string that matched, for finish_reason == "stop"
+
+    @property
+    def text(self) -> str:
+        """The visible output: reasoning (if any) then content, without the </think> marker."""
+        return self.reasoning + self.content
+
+    @property
+    def prefill_tps(self) -> float:
+        n = self.usage.prompt_tokens - self.usage.cached_tokens
+        return n / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.usage.completion_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+GenerationEvent = TokenEvent | FinishEvent
+
+
+def build_prompt(
+    tokenizer,
+    prompt: str | None = None,
+    messages: Sequence[Any] | None = None,
+    tokens: Sequence[int] | None = None,
+    *,
+    system: str | None = DEFAULT_SYSTEM,
+    tools: Any = None,
+    think: str | bool | None = "high",
+    ctx: int | None = None,
+    raw: bool = False,
+) -> list[int]:
+    """Prompt tokens from exactly one of ``prompt`` / ``messages`` / ``tokens``.
+
+    * ``tokens``: used as given.
+    * ``messages``: the server chat template (``ds4.chat.render``) with ``tools``.
+    * ``prompt``: if ``raw``, plain tokenization (no template, no BOS); if it starts with the BOS
+      string it is taken as already-rendered chat text (as upstream's CLI does); otherwise one chat
+      turn with ``system`` (upstream's ``ds4_encode_chat_prompt``).
+    """
+    given = [x is not None for x in (prompt, messages, tokens)]
+    if sum(given) != 1:
+        raise InvalidArgumentError("give exactly one of prompt=, messages= or tokens=")
+    if tokens is not None:
+        return [int(t) for t in tokens]
+    if messages is not None:
+        return render(messages, tools=tools, think=think, ctx=ctx, tokenizer=tokenizer).tokens or []
+    assert prompt is not None
+    if raw:
+        return tokenizer.encode(prompt)
+    if prompt.startswith("<｜begin▁of▁sentence｜>"):
+        return tokenizer.encode_rendered(prompt)
+    return encode_chat_prompt(tokenizer, prompt, system=system, think=think, ctx=ctx)
+
+
+class _StopMatcher:
+    """Holds back text that may begin a stop string; finds the earliest complete match."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.max_len = max((len(s) for s in self.stops), default=0)
+        self.text = ""
+        self.released = 0
+
+    def reset(self) -> str:
+        """Release everything held (channel switch) and start a new text."""
+        out = self.text[self.released:]
+        self.text, self.released = "", 0
+        return out
+
+    def push(self, delta: str) -> tuple[str, str | None]:
+        """Append ``delta``; return (text safe to release now, matched stop string or None)."""
+        start = max(0, len(self.text) - self.max_len + 1)
+        self.text += delta
+        if not self.stops:
+            out = self.text[self.released:]
+            self.released = len(self.text)
+            return out, None
+        hits = [(i, s) for s in self.stops if (i := self.text.find(s, start)) >= 0]
+        if hits:
+            pos, stop = min(hits, key=lambda h: h[0])  # earliest hit wins
+            out = self.text[self.released:pos]
+            self.released = pos
+            return out, stop
+        hold = 0
+        for k in range(min(len(self.text) - self.released, self.max_len - 1), 0, -1):
+            tail = self.text[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                hold = k
+                break
+        end = len(self.text) - hold
+        out = self.text[self.released:end]
+        self.released = end
+        return out, None
+
+
+def _sync(session, tokens: list[int], progress: ProgressFn | None) -> None:
+    if progress is not None:
+        try:
+            params = inspect.signature(session.sync).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if "progress" in params:
+            session.sync(tokens, progress=progress)
+            return
+    session.sync(tokens)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def generate(
+    engine,
+    prompt: str | None = None,
+    messages: Sequence[Any] | None = None,
+    *,
+    tokens: Sequence[int] | None = None,
+    max_tokens: int | None = None,
+    temperature: float = DEFAULT_TEMPERATURE,
+    top_k: int = DEFAULT_TOP_K,
+    top_p: float = DEFAULT_TOP_P,
+    min_p: float = DEFAULT_MIN_P,
+    stop: str | Sequence[str] | None = None,
+    seed: int | None = None,
+    think: str | bool | None = "high",
+    system: str | None = DEFAULT_SYSTEM,
+    tools: Any = None,
+    raw: bool = False,
+    ctx: int | None = None,
+    session=None,
+    logprobs: int | None = None,
+    progress: ProgressFn | None = None,
+    stream: bool = True,
+) -> Iterator[GenerationEvent] | FinishEvent:
+    """Generate from ``engine``. Returns an iterator of events (``stream=True``) or the FinishEvent.
+
+    ``session``: a live session to continue (its common token prefix with the prompt is reused);
+    otherwise a new one of ``ctx`` tokens (default 32768) is created. ``seed=None`` draws a
+    time-based seed (upstream's CLI behaviour). ``max_tokens=None`` runs until EOS, a stop string
+    or a full context. ``logprobs=k`` attaches the sampled token's logprob and the top-k to events.
+    """
+    if max_tokens is not None and max_tokens < 0:
+        raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+    if session is None:
+        session = engine.session(ctx=ctx if ctx is not None else DEFAULT_CTX)
+    mode = think_mode_for_context(think, session.ctx)
+    prompt_tokens = build_prompt(engine.tokenizer, prompt, messages, tokens, system=system, tools=tools,
+                                 think=mode, ctx=session.ctx, raw=raw)
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    it = _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops,
+              seed, logprobs, progress)
+    if stream:
+        return it
+    final = None
+    for ev in it:
+        final = ev
+    assert isinstance(final, FinishEvent)
+    return final
+
+
+def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
+         logprobs, progress) -> Iterator[GenerationEvent]:
+    tok = engine.tokenizer
+    if not prompt_tokens:
+        raise InvalidArgumentError("the prompt is empty (no tokens)")
+    if len(prompt_tokens) >= session.ctx:
+        raise ContextOverflowError(
+            f"prompt has {len(prompt_tokens)} tokens, but the context holds {session.ctx} "
+            "(at least one free slot is needed)"
+        )
+    live = list(session.tokens)
+    cached = len(live) if _common_prefix(live, prompt_tokens) == len(live) else 0
+
+    t0 = time.perf_counter()
+    _sync(session, prompt_tokens, progress)
+    t1 = time.perf_counter()
+
+    eos = tok.special.eos
+    think_end = tok.special.think_end
+    channel = "reasoning" if tok.special.think_start is not None and prompt_tokens[-1] == tok.special.think_start \
+        else "content"
+    rng = Rng(seed if seed is not None else time_seed())
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    matcher = _StopMatcher(stops)
+    texts = {"reasoning": [], "content": []}
+    out_tokens: list[int] = []
+    finish, matched = None, None
+    budget = max_tokens if max_tokens is not None else session.ctx
+
+    def finish_event() -> FinishEvent:
+        return FinishEvent(
+            finish_reason=finish,
+            reasoning="".join(texts["reasoning"]),
+            content="".join(texts["content"]),
+            tokens=tuple(out_tokens),
+            usage=Usage(len(prompt_tokens), len(out_tokens), cached),
+            prompt_seconds=t1 - t0,
+            decode_seconds=time.perf_counter() - t1,
+            stop=matched,
+        )
+
+    while True:
+        if len(out_tokens) >= budget:
+            finish = "length"
+            break
+        logits = session.logits
+        token = sample(logits, temperature, top_k, top_p, min_p, rng)
+        if token == eos:
+            finish = "eos"
+            break
+        lp = tops = None
+        if logprobs is not None:
+            lp = token_logprob(logits, token).logprob
+            tops = tuple(top_logprobs(logits, logprobs)) if logprobs > 0 else ()
+        out_tokens.append(token)
+        if channel == "reasoning" and token == think_end:
+            released = matcher.reset() + decoder.decode(b"", final=True)
+            decoder.reset()
+            texts["reasoning"].append(released)
+            yield TokenEvent(token, released, "reasoning", lp, tops)
+            channel = "content"
+        else:
+            released, matched = matcher.push(decoder.decode(tok.token_to_bytes(token)))
+            texts[channel].append(released)
+            yield TokenEvent(token, released, channel, lp, tops)
+            if matched is not None:
+                finish = "stop"
+                break
+        if len(out_tokens) >= budget:
+            finish = "length"
+            break
+        if session.pos >= session.ctx:
+            finish = "context"
+            break
+        try:
+            session.eval(token)
+        except ContextOverflowError:
+            finish = "context"
+            break
+
+    if finish != "stop":
+        tail, late = matcher.push(decoder.decode(b"", final=True))
+        if late is None:
+            tail += matcher.reset()  # a stop string that never completed is ordinary text
+        if tail:
+            texts[channel].append(tail)
+            yield TokenEvent(None, tail, channel)
+    yield finish_event()
