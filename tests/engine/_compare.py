@@ -16,10 +16,14 @@ __all__ = ["LogitStats", "compare_rows", "TOL_MEAN_ABS", "TOL_P99_ABS", "TOL_ARG
 # upstream's float32 scalar orders, so the two differ exactly like two upstream builds do. On the
 # 4-layer tiny model upstream's strict and default builds differ by 0.027-0.034 mean |dlogit|,
 # agree on 97-100% of argmaxes and a blind implementation scored mean KL <= 0.003 (MODEL.md §9).
-# The limits below are the ones MODEL.md §9 applied to that comparison, except p99: against the
-# float64 reference a few isolated rows (about 1 in 20, no drift: the next row is back at ~0.025)
-# jump to ~0.3 mean |dlogit| where one Q8_0 activation rounding flips, which lifts p99 to ~0.57
-# on some seeds; 0.6 keeps the check meaningful (a real bug moves every later row).
+# The limits below are the ones MODEL.md §9 applied to that comparison, except p99: a few
+# isolated rows (about 1 in 20, no drift: the next row is back at ~0.025) jump to ~0.3 mean
+# |dlogit| where an FP8 block scale or a Q8_0 tie flips, which lifts p99 to ~0.57 on some seeds.
+# Measured calibration (tiny model, seed 1, 160 tokens): the engine's own scalar and AVX-512
+# kernel paths differ from EACH OTHER by mean 0.043, p99 0.53, max 1.86, argmax 93%, KL 0.0048,
+# with spikes at isolated rows; the engine vs the float64 reference differs by 0.045 / 0.57 /
+# 1.80 / 93% / 0.0056 on the same tokens. So engine-vs-reference sits at the model's own
+# build-to-build noise; 0.6 keeps p99 meaningful (a real bug moves every later row).
 TOL_MEAN_ABS = 0.05
 TOL_P99_ABS = 0.6
 TOL_ARGMAX = 0.95

@@ -54,7 +54,17 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return ds4.Engine(path, threads=2), ReferenceModel(path)
 
 
-def test_teacher_forced_160_tokens(pair) -> None:
+@pytest.fixture(params=["scalar", "best"])
+def simd(request: pytest.FixtureRequest):
+    """Run under upstream's literal scalar float orders and under the fastest SIMD path."""
+    from ds4 import _core
+    before = _core.simd_path()
+    _core.set_simd_path("scalar" if request.param == "scalar" else _core.simd_paths()[-1])
+    yield request.param
+    _core.set_simd_path(before)
+
+
+def test_teacher_forced_160_tokens(pair, simd) -> None:
     # 160 tokens: ring wrap at 128, ratio-128 row at 127, indexer selection from 4*(top_k+1).
     eng, ref = pair
     rng = np.random.default_rng(7)
