@@ -1,0 +1,51 @@
+#include "engine/model.h"
+
+#include "common/errors.h"
+
+namespace ds4 {
+
+Model::Model(const std::string& path, const Shape& shape, const std::vector<TensorDesc>& tensors,
+             const ModelOptions& opts)
+    : shape_(shape), prefill_chunk_(opts.prefill_chunk) {
+    shape_.validate();
+    file_ = std::make_unique<MappedFile>(path);
+    table_ = std::make_unique<TensorTable>(file_->data(), file_->size(), path, tensors);
+    weights_.bind(shape_, *table_);
+    pool_ = std::make_unique<ThreadPool>(opts.threads);
+}
+
+void Model::load_mtp(const std::string& path, const std::vector<TensorDesc>& tensors) {
+    if (path.empty()) {
+        mtp_table_ = std::make_unique<TensorTable>(file_->data(), file_->size(), file_->path(), tensors);
+    } else {
+        mtp_file_ = std::make_unique<MappedFile>(path);
+        mtp_table_ = std::make_unique<TensorTable>(mtp_file_->data(), mtp_file_->size(), path, tensors);
+    }
+    weights_.bind_mtp(shape_, *mtp_table_);
+}
+
+int64_t Model::chunk_for(int64_t n) const {
+    int64_t cap = prefill_chunk_ > 0 ? prefill_chunk_ : (n > 4096 ? 4096 : n);
+    if (cap < 1) cap = 1;
+    return cap < n ? cap : n;
+}
+
+int64_t Model::decode_weight_bytes() const {
+    int64_t total = weights_.output.nbytes + weights_.head.hc_fn.nbytes + weights_.token_embd.row_stride();
+    auto add = [&](const TensorRef& t) { if (t) total += t.nbytes; };
+    for (const LayerWeights& L : weights_.layers) {
+        const AttentionWeights& a = L.attn;
+        for (const TensorRef* t : {&a.hc_attn_fn, &a.attn_q_a, &a.attn_q_b, &a.attn_kv, &a.attn_output_a,
+                                   &a.attn_output_b, &L.comp.kv, &L.comp.gate, &L.indexer.q_b, &L.indexer.proj,
+                                   &L.indexer.comp.kv, &L.indexer.comp.gate, &L.ffn.hc_ffn_fn, &L.ffn.gate_inp,
+                                   &L.ffn.gate_shexp, &L.ffn.up_shexp, &L.ffn.down_shexp}) {
+            add(*t);
+        }
+        const int64_t used = shape_.n_expert_used;
+        total += used * (L.ffn.gate_exps.matrix_stride() + L.ffn.up_exps.matrix_stride() +
+                         L.ffn.down_exps.matrix_stride());
+    }
+    return total;
+}
+
+}  // namespace ds4

@@ -1,0 +1,51 @@
+// A loaded model: the mapped GGUF file(s), the bound weights and the thread pool. Immutable after
+// construction and shared by every session of an Engine.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "model/mapped_file.h"
+#include "model/shape.h"
+#include "model/tensor.h"
+#include "model/weights.h"
+
+namespace ds4 {
+
+struct ModelOptions {
+    int threads = 0;                 // <= 0: default_thread_count()
+    int64_t prefill_chunk = 0;       // <= 0: 4096 when the prompt is longer, else the whole prompt
+};
+
+class Model {
+public:
+    Model(const std::string& path, const Shape& shape, const std::vector<TensorDesc>& tensors,
+          const ModelOptions& opts);
+    // Binds the MTP block from a second file (or the main file when path is empty).
+    void load_mtp(const std::string& path, const std::vector<TensorDesc>& tensors);
+
+    const Shape& shape() const { return shape_; }
+    const ModelWeights& weights() const { return weights_; }
+    ThreadPool* pool() const { return pool_.get(); }
+    int threads() const { return pool_->size(); }
+    int64_t prefill_chunk() const { return prefill_chunk_; }
+    void set_prefill_chunk(int64_t n) { prefill_chunk_ = n; }
+    // Tokens per prefill chunk for a prompt of n tokens.
+    int64_t chunk_for(int64_t n) const;
+    uint64_t file_bytes() const { return file_->size(); }
+    // Bytes of weights one decode step reads (dense tensors + n_expert_used experts per layer).
+    int64_t decode_weight_bytes() const;
+
+private:
+    Shape shape_;
+    std::unique_ptr<MappedFile> file_;
+    std::unique_ptr<TensorTable> table_;
+    std::unique_ptr<MappedFile> mtp_file_;
+    std::unique_ptr<TensorTable> mtp_table_;
+    ModelWeights weights_;
+    std::unique_ptr<ThreadPool> pool_;
+    int64_t prefill_chunk_ = 0;
+};
+
+}  // namespace ds4

@@ -1,0 +1,52 @@
+#include "layers/indexer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "common/thread_pool.h"
+#include "layers/fp_quant.h"
+#include "layers/numerics.h"
+
+namespace ds4 {
+
+void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* q, float* w, const float* rows,
+                    int64_t n_comp, float* scores, uint8_t* allowed, ThreadPool* pool) {
+    const int64_t nh = s.indexer_heads;
+    const int64_t hd = s.indexer_head_dim;
+    rope_tail(q, nh, hd, s.n_rot, pos, rope, false);
+    for (int64_t h = 0; h < nh; ++h) indexer_qat_row(q + h * hd, hd);
+    const float scale = 1.0f / std::sqrt((float)(hd * nh));
+    for (int64_t h = 0; h < nh; ++h) w[h] *= scale;
+
+    auto score_rows = [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+            const float* kv = rows + c * hd;
+            float acc = 0.0f;
+            for (int64_t h = 0; h < nh; ++h) {
+                float d = dot_f32(kv, q + h * hd, hd);
+                if (d < 0.0f) d = 0.0f;
+                acc += d * w[h];
+            }
+            scores[c] = acc;
+        }
+    };
+    if (pool) pool->parallel_for(n_comp, score_rows, 64); else score_rows(0, n_comp);
+
+    if (n_comp <= 0) return;
+    std::memset(allowed, 0, (size_t)n_comp);
+    const int64_t k = s.indexer_top_k < n_comp ? s.indexer_top_k : n_comp;
+    // Repeated strict-max scans: ties go to the lowest index, like upstream.
+    for (int64_t i = 0; i < k; ++i) {
+        int64_t best = 0;
+        float best_score = kNeg;
+        for (int64_t c = 0; c < n_comp; ++c) {
+            if (!allowed[c] && scores[c] > best_score) {
+                best = c;
+                best_score = scores[c];
+            }
+        }
+        allowed[best] = 1;
+    }
+}
+
+}  // namespace ds4

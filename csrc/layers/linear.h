@@ -1,0 +1,28 @@
+// Dense projections y = W·x over a batch of tokens, with the activation prepared in the format the
+// weight type wants (MODEL.md §4.2: Q8_0 activations for Q8_0 weights, Q8_K for k-quants, floats
+// for F16/F32). Row results do not depend on the batch size, so prefill equals decode bit for bit.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/tensor.h"
+
+namespace ds4 {
+
+class ThreadPool;
+
+// Grows-only byte buffer for prepared activations (no allocation once warm).
+struct ActBuffer {
+    std::vector<uint8_t> bytes;
+    uint8_t* ensure(int64_t n) {
+        if ((int64_t)bytes.size() < n) bytes.resize((size_t)n);
+        return bytes.data();
+    }
+};
+
+// Y[b*out + r] = dot(W row r, x_b) for b < nb, where x_b = x + b*x_stride (x_stride 0 means
+// W.ne[0]) and out = W.ne[1].
+void linear(const TensorRef& w, const float* x, int64_t nb, float* y, ActBuffer& act, ThreadPool* pool,
+            int64_t x_stride = 0);
+
+}  // namespace ds4

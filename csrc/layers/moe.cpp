@@ -1,0 +1,111 @@
+#include "layers/moe.h"
+
+#include <cmath>
+
+#include "common/errors.h"
+#include "layers/numerics.h"
+#include "quant/kernels.h"
+
+namespace ds4 {
+
+namespace {
+
+// Insertion top-k: scan ascending, insert before the first strictly smaller; ties keep the lower id.
+void topk_desc(const float* score, int n, int k, int32_t* idx) {
+    for (int i = 0; i < k; ++i) idx[i] = -1;
+    for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < k; ++j) {
+            if (idx[j] < 0 || score[i] > score[idx[j]]) {
+                for (int m = k - 1; m > j; --m) idx[m] = idx[m - 1];
+                idx[j] = i;
+                break;
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void route_token(const Shape& s, const FfnWeights& w, const float* logits, int32_t token, int32_t* sel,
+                 float* weights, float* probs) {
+    const int ne = s.n_expert, nu = s.n_expert_used;
+    for (int e = 0; e < ne; ++e) probs[e] = std::sqrt(softplus_stable(logits[e]));
+    if (w.tid2eid) {
+        const int32_t* row = reinterpret_cast<const int32_t*>(w.tid2eid.data) + (int64_t)token * nu;
+        for (int i = 0; i < nu; ++i) {
+            if (row[i] < 0 || row[i] >= ne) {
+                fail(ErrorKind::ModelFormat, "hash routing table maps token " + std::to_string(token) + " to expert " +
+                                                 std::to_string(row[i]) + ", outside [0, " + std::to_string(ne) + ")");
+            }
+            sel[i] = row[i];
+        }
+    } else {
+        // Bias is for selection only: build the biased scores after the probs, in place of logits
+        // would lose them, so use the tail of probs' scratch (2*n_expert floats).
+        float* biased = probs + ne;
+        for (int e = 0; e < ne; ++e) biased[e] = probs[e];
+        if (w.exp_probs_b) {
+            const float* b = w.exp_probs_b.f32();
+            for (int e = 0; e < ne; ++e) biased[e] += b[e];
+        }
+        topk_desc(biased, ne, nu, sel);
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < nu; ++i) {
+        weights[i] = probs[sel[i]];
+        sum += weights[i];
+    }
+    if (sum < 6.103515625e-5f) sum = 6.103515625e-5f;
+    for (int i = 0; i < nu; ++i) weights[i] = weights[i] / sum * s.expert_weights_scale;
+}
+
+void swiglu(float* mid, const float* g, const float* u, int64_t n, float c, float scale) {
+    for (int64_t i = 0; i < n; ++i) {
+        float gv = g[i], uv = u[i];
+        if (c > 1.0e-6f) {
+            if (gv > c) gv = c;
+            if (uv > c) uv = c;
+            if (uv < -c) uv = -c;
+        }
+        mid[i] = silu(gv) * uv * scale;
+    }
+}
+
+void routed_experts(const Shape& s, const FfnWeights& w, const float* x, const int32_t* sel, const float* weights,
+                    float* out, MoeScratch sc, ThreadPool* pool) {
+    const int nu = s.n_expert_used;
+    const int64_t E = s.n_embd, F = s.n_ff_exp;
+    const GgmlType gt = w.gate_exps.type, dt = w.down_exps.type;
+    const int64_t xb = act_bytes(gt, E);
+    uint8_t* xq = sc.xq->ensure(xb);
+    quantize_act(gt, x, xq, E);
+    matvec_experts(gt, w.gate_exps.data, s.n_expert, F, E, sel, nu, xq, 0, sc.gate, pool);
+    matvec_experts(gt, w.up_exps.data, s.n_expert, F, E, sel, nu, xq, 0, sc.up, pool);
+    const int64_t mb = act_bytes(dt, F);
+    uint8_t* mq = sc.midq->ensure(mb * nu);
+    for (int i = 0; i < nu; ++i) {
+        // Upstream's order: silu(g) * u, then times the routing weight.
+        float* mid = sc.mid + i * F;
+        const float* g = sc.gate + i * F;
+        const float* u = sc.up + i * F;
+        const float c = s.swiglu_clamp;
+        for (int64_t j = 0; j < F; ++j) {
+            float gv = g[j], uv = u[j];
+            if (c > 1.0e-6f) {
+                if (gv > c) gv = c;
+                if (uv > c) uv = c;
+                if (uv < -c) uv = -c;
+            }
+            mid[j] = silu(gv) * uv * weights[i];
+        }
+        quantize_act(dt, mid, mq + i * mb, F);
+    }
+    matvec_experts(dt, w.down_exps.data, s.n_expert, E, F, sel, nu, mq, mb, sc.down, pool);
+    for (int64_t r = 0; r < E; ++r) {
+        float acc = 0.0f;
+        for (int i = 0; i < nu; ++i) acc += sc.down[i * E + r];
+        out[r] = acc;
+    }
+}
+
+}  // namespace ds4

@@ -1,0 +1,33 @@
+// The FFN sublayer's experts (MODEL.md §3.10): sqrt(softplus) router with hash routing on the
+// first layers or biased top-k elsewhere, routed SwiGLU experts with clamps (routing weight
+// applied before the down projection), and the always-on shared expert.
+#pragma once
+#include <cstdint>
+
+#include "layers/linear.h"
+#include "model/shape.h"
+#include "model/weights.h"
+
+namespace ds4 {
+
+// From the router logits of one token: the selected experts (slot order) and their weights.
+void route_token(const Shape& s, const FfnWeights& w, const float* logits, int32_t token, int32_t* sel,
+                 float* weights, float* probs_scratch);
+
+// mid[i] = silu(min(g, c)) * clamp(u, -c, c) * scale (c <= 1e-6 disables the clamp).
+void swiglu(float* mid, const float* g, const float* u, int64_t n, float clamp, float scale);
+
+struct MoeScratch {
+    float* gate;      // n_expert_used * n_ff_exp
+    float* up;        // n_expert_used * n_ff_exp
+    float* mid;       // n_expert_used * n_ff_exp
+    float* down;      // n_expert_used * n_embd
+    ActBuffer* xq;    // routed input activation
+    ActBuffer* midq;  // per-slot mid activations
+};
+
+// out[n_embd] = sum over slots (in slot order, from 0) of down_e(Q8_K(mid_e)).
+void routed_experts(const Shape& s, const FfnWeights& w, const float* x, const int32_t* sel, const float* weights,
+                    float* out, MoeScratch scratch, ThreadPool* pool);
+
+}  // namespace ds4

@@ -1,0 +1,112 @@
+// Scalar numerics shared by the DS4 layers: f16 round trips, RMSNorms with a double sum of squares,
+// the stable sigmoid family. Each follows upstream's CPU float order (MODEL.md §4.3, §4.4) so
+// logits stay within upstream's build-to-build noise.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace ds4 {
+
+constexpr float kNeg = -1.0e30f;          // finite "minus infinity" of upstream
+constexpr float kNegSkip = -5.0e29f;      // anything at or below this counts as masked
+
+inline float f16_bits_to_f32(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else {  // subnormal: renormalise
+            int e = -1;
+            do { ++e; mant <<= 1; } while ((mant & 0x400u) == 0);
+            bits = sign | (uint32_t(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// IEEE round-to-nearest-even, subnormals included; NaN -> 0x7e00, overflow -> inf.
+inline uint16_t f32_to_f16_bits(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return 0x7e00;
+    if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);        // rounds to >= 65520 -> inf
+    if (ax < 0x38800000u) {                                        // below the smallest normal f16
+        if (ax < 0x33000000u) return sign;                         // < 2^-25: rounds to zero
+        const uint32_t e = ax >> 23;
+        const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+        const uint32_t shift = 126 - e;                            // 14..24 -> mantissa for 2^-24 units
+        uint32_t half = m >> (shift);
+        const uint32_t rem = m & ((1u << shift) - 1);
+        const uint32_t halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
+        return uint16_t(sign | half);
+    }
+    uint32_t half = ((ax >> 13) - (112u << 10));
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+    return uint16_t(sign | half);
+}
+
+inline float f16_round(float x) { return f16_bits_to_f32(f32_to_f16_bits(x)); }
+inline void f16_round_inplace(float* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] = f16_round(x[i]);
+}
+
+inline float rms_scale(const float* x, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; ++i) ss += (double)x[i] * x[i];
+    return 1.0f / std::sqrt((float)(ss / (double)n) + eps);
+}
+
+inline void rms_norm_no_weight(float* out, const float* x, int64_t n, float eps) {
+    const float s = rms_scale(x, n, eps);
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * s;
+}
+
+inline void rms_norm_weight(float* out, const float* x, const float* w, int64_t n, float eps) {
+    const float s = rms_scale(x, n, eps);
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * s * w[i];
+}
+
+inline void head_rms_norm_inplace(float* x, int64_t n_head, int64_t head_dim, float eps) {
+    for (int64_t h = 0; h < n_head; ++h) {
+        float* p = x + h * head_dim;
+        const float s = rms_scale(p, head_dim, eps);
+        for (int64_t i = 0; i < head_dim; ++i) p[i] *= s;
+    }
+}
+
+inline float sigmoid_stable(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + std::exp(-x));
+    const float e = std::exp(x);
+    return e / (1.0f + e);
+}
+
+inline float silu(float x) { return x * sigmoid_stable(x); }
+
+inline float softplus_stable(float x) {
+    if (x > 20.0f) return x;
+    if (x < -20.0f) return std::exp(x);
+    return std::log1p(std::exp(x));
+}
+
+// Sequential float dot (upstream's scalar dot_f32 order).
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+    return acc;
+}
+
+}  // namespace ds4

@@ -1,0 +1,198 @@
+#include "session/session.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/errors.h"
+#include "engine/forward.h"
+#include "session/payload.h"
+
+namespace ds4 {
+
+Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::move(model)) {
+    if (ctx < 2) fail(ErrorKind::InvalidArgument, "session context must be at least 2 tokens, got " + std::to_string(ctx));
+    if (ctx > 0x7fffffff) fail(ErrorKind::InvalidArgument, "session context is too large: " + std::to_string(ctx));
+    kv_.init(model_->shape(), ctx);
+    logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
+    last_hc_.assign((size_t)model_->shape().hc_dim(), 0.0f);
+    if (model_->weights().mtp.present) {
+        mtp_kv_.init(mtp_state_shape(model_->shape()), ctx);
+        mtp_logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
+    }
+}
+
+void Session::reset_mtp() {
+    if (!mtp_kv_.layers.empty()) mtp_kv_.reset();
+    mtp_pos_ = -1;
+}
+
+const float* Session::mtp_logits() {
+    if (!model_->weights().mtp.present) fail(ErrorKind::Unsupported, "this engine has no MTP block loaded");
+    materialize();
+    if (pos() == 0 || !has_logits_ || !hidden_valid_) {
+        fail(ErrorKind::InvalidArgument, "MTP needs a token evaluated in this session (the hidden state is not saved in payloads)");
+    }
+    if (mtp_pos_ != pos()) {
+        mtp_forward(*model_, mtp_kv_, mtp_scratch_, last_hc_.data(), tokens_.back(), pos() - 1, mtp_logits_.data(),
+                    nullptr);
+        mtp_pos_ = pos();
+    }
+    return mtp_logits_.data();
+}
+
+void Session::check_tokens(const int32_t* t, int64_t n) const {
+    const int64_t V = model_->shape().n_vocab;
+    for (int64_t i = 0; i < n; ++i) {
+        if (t[i] < 0 || t[i] >= V) {
+            fail(ErrorKind::InvalidArgument, "token id " + std::to_string(t[i]) + " at index " + std::to_string(i) +
+                                                 " is outside the vocabulary [0, " + std::to_string(V) + ")");
+        }
+    }
+}
+
+void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild) {
+    if (rebuild) {
+        reset_mtp();
+        kv_.reset();
+        tokens_.clear();
+        has_logits_ = false;
+        stale_ = false;
+    }
+    const int64_t chunk = model_->chunk_for(n);
+    int64_t done = 0;
+    while (done < n) {
+        const int64_t m = std::min(chunk, n - done);
+        const int64_t pos0 = pos();
+        try {
+            forward_batch(*model_, kv_, scratch_, t + done, m, pos0, logits_.data(), last_hc_.data());
+        } catch (...) {
+            // A failure inside a chunk leaves rows of a partial chunk behind: rebuild from the
+            // consistent checkpoint on next use.
+            stale_ = true;
+            has_logits_ = false;
+            throw;
+        }
+        tokens_.insert(tokens_.end(), t + done, t + done + m);
+        has_logits_ = true;
+        hidden_valid_ = true;
+        done += m;
+        if (rebuild && done == n) kv_.finish_prefill(pos());
+        if (cb) cb(done, n);
+    }
+}
+
+void Session::materialize() {
+    if (!stale_) return;
+    std::vector<int32_t> toks;
+    toks.swap(tokens_);
+    kv_.reset();
+    stale_ = false;
+    has_logits_ = false;
+    if (!toks.empty()) extend(toks.data(), (int64_t)toks.size(), nullptr, true);
+}
+
+const float* Session::logits() {
+    materialize();
+    return logits_.data();
+}
+
+int32_t Session::argmax() {
+    materialize();
+    if (!has_logits_) fail(ErrorKind::InvalidArgument, "the session has no logits yet: evaluate a token first");
+    const float* l = logits_.data();
+    int32_t best = 0;
+    for (int32_t i = 1; i < model_->shape().n_vocab; ++i) if (l[i] > l[best]) best = i;
+    return best;
+}
+
+void Session::eval(int32_t token) {
+    check_tokens(&token, 1);
+    if (pos() + 1 >= ctx()) {
+        fail(ErrorKind::ContextOverflow, "context is full: " + std::to_string(pos()) + " tokens in a ctx of " +
+                                             std::to_string(ctx()) + " (one slot stays free)");
+    }
+    if (stale_) {
+        std::vector<int32_t> toks = tokens_;
+        toks.push_back(token);
+        tokens_.clear();
+        kv_.reset();
+        stale_ = false;
+        extend(toks.data(), (int64_t)toks.size(), nullptr, true);
+        return;
+    }
+    extend(&token, 1, nullptr, false);
+}
+
+int64_t Session::common_prefix(const std::vector<int32_t>& prompt) const {
+    const size_t n = std::min(prompt.size(), tokens_.size());
+    size_t i = 0;
+    while (i < n && prompt[i] == tokens_[i]) ++i;
+    return (int64_t)i;
+}
+
+void Session::sync(const std::vector<int32_t>& prompt, const ChunkCallback& cb) {
+    const int64_t n = (int64_t)prompt.size();
+    if (n == 0) fail(ErrorKind::InvalidArgument, "sync needs at least one token");
+    if (n >= ctx()) {
+        fail(ErrorKind::ContextOverflow, "prompt of " + std::to_string(n) + " tokens does not fit a context of " +
+                                             std::to_string(ctx()) + " (at most ctx-1 tokens)");
+    }
+    check_tokens(prompt.data(), n);
+    const int64_t common = common_prefix(prompt);
+    if (!stale_ && common == pos()) {
+        if (n > pos()) extend(prompt.data() + pos(), n - pos(), cb, false);
+        return;
+    }
+    extend(prompt.data(), n, cb, true);
+}
+
+void Session::rewind(int64_t p) {
+    if (p < 0 || p > pos()) {
+        fail(ErrorKind::InvalidArgument, "rewind position " + std::to_string(p) + " is outside [0, " +
+                                             std::to_string(pos()) + "]");
+    }
+    if (p == pos()) return;
+    tokens_.resize((size_t)p);
+    reset_mtp();
+    stale_ = true;
+    has_logits_ = false;
+}
+
+void Session::reset() {
+    reset_mtp();
+    kv_.reset();
+    tokens_.clear();
+    std::fill(logits_.begin(), logits_.end(), 0.0f);
+    has_logits_ = false;
+    stale_ = false;
+}
+
+std::vector<uint8_t> Session::save_payload() {
+    materialize();
+    std::vector<uint8_t> out;
+    write_payload(kv_, tokens_, logits_.data(), out);
+    return out;
+}
+
+int64_t Session::payload_size() {
+    materialize();
+    return payload_bytes(kv_, pos());
+}
+
+void Session::load_payload(const uint8_t* data, size_t size) {
+    // Parse into a copy so a rejected payload leaves the session untouched.
+    KvState fresh;
+    fresh.init(model_->shape(), ctx());
+    std::vector<int32_t> toks;
+    std::vector<float> logits;
+    read_payload(data, size, fresh, toks, logits);
+    kv_ = std::move(fresh);
+    reset_mtp();
+    hidden_valid_ = false;
+    tokens_ = std::move(toks);
+    std::copy(logits.begin(), logits.end(), logits_.begin());
+    has_logits_ = !tokens_.empty();
+    stale_ = false;
+}
+
+}  // namespace ds4

@@ -1,0 +1,156 @@
+"""``ds4.Engine``: a DeepSeek V4 GGUF model loaded for CPU inference.
+
+The file is validated by :func:`ds4.inspect` (header only), then memory-mapped read-only by the
+C++ core: weights are used in place, never copied. An engine is immutable and can serve several
+:class:`~ds4.session.Session` timelines::
+
+    >>> import ds4, ds4.testing
+    >>> eng = ds4.Engine(ds4.testing.default_model_path(), threads=1)
+    >>> s = eng.session(ctx=256)
+    >>> s.sync([1, 2, 3])
+    >>> s.logits.shape == (eng.shape.n_vocab,)
+    True
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidArgumentError, ModelFormatError, UnsupportedModelError
+from .shape import ModelShape
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .inspection import ModelInfo
+    from .session import Session
+    from .tokenizer import Tokenizer
+
+__all__ = ["Engine"]
+
+_MTP_PREFIX = "mtp.0."
+
+
+def _tensor_table(info: "ModelInfo", prefix: str | None = None) -> list[tuple[str, int, list[int], int, int]]:
+    return [(t.name, int(t.type), [int(d) for d in t.dims], int(t.offset), int(t.nbytes))
+            for t in info.tensors.values() if prefix is None or t.name.startswith(prefix)]
+
+
+def _shape_dict(shape: ModelShape) -> dict[str, Any]:
+    d = asdict(shape)
+    d["compress_ratios"] = list(shape.compress_ratios)
+    return d
+
+
+class Engine:
+    """A loaded model. ``backend`` must be ``"cpu"``; ``threads`` None means physical cores.
+
+    ``mtp_path`` names a separate GGUF with the ``mtp.0.*`` block (MTP tensors inside the main file
+    are used automatically). ``prefill_chunk`` caps tokens per prefill chunk (default: 4096 when a
+    prompt is longer than that); chunking never changes results.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], backend: str = "cpu", threads: int | None = None,
+                 mtp_path: str | os.PathLike[str] | None = None, prefill_chunk: int | None = None) -> None:
+        from . import _core
+        from .inspection import inspect
+
+        if backend != "cpu":
+            raise UnsupportedModelError(f"backend {backend!r} is not available in this build; use 'cpu'")
+        if threads is not None and int(threads) < 1:
+            raise InvalidArgumentError(f"threads must be at least 1, got {threads}")
+        if prefill_chunk is not None and int(prefill_chunk) < 1:
+            raise InvalidArgumentError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        self.path = Path(path)
+        self.info: ModelInfo = inspect(self.path)
+        self.info.check_supported()
+        assert self.info.shape is not None
+        self.shape: ModelShape = self.info.shape
+        self._model = _core.Model(str(self.path), _shape_dict(self.shape), _tensor_table(self.info),
+                                  int(threads or 0), int(prefill_chunk or 0))
+        self.mtp_path: Path | None = None
+        if mtp_path is not None:
+            mtp_info = inspect(Path(mtp_path)) if _is_full_model(Path(mtp_path)) else None
+            tensors = _tensor_table(mtp_info, _MTP_PREFIX) if mtp_info else _raw_tensor_table(Path(mtp_path))
+            if not any(t[0].startswith(_MTP_PREFIX) for t in tensors):
+                raise ModelFormatError(f"{mtp_path}: no {_MTP_PREFIX}* tensors found")
+            self._model.load_mtp(str(mtp_path), tensors)
+            self.mtp_path = Path(mtp_path)
+        elif self.info.has_mtp:
+            self._model.load_mtp("", _tensor_table(self.info, _MTP_PREFIX))
+        self._tokenizer: Tokenizer | None = None
+
+    # ---- properties -------------------------------------------------------------------------
+    @property
+    def routed_bits(self) -> int:
+        """4 when the routed experts are Q4_K, else 2 (IQ2_XXS + Q2_K)."""
+        return int(self._model.routed_bits)
+
+    @property
+    def has_mtp(self) -> bool:
+        return bool(self._model.has_mtp)
+
+    @property
+    def threads(self) -> int:
+        return int(self._model.threads)
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Configured chunk cap (0: the default rule)."""
+        return int(self._model.prefill_chunk)
+
+    @property
+    def tokenizer(self) -> "Tokenizer":
+        """The model's tokenizer, built from the GGUF on first use."""
+        if self._tokenizer is None:
+            from .tokenizer import Tokenizer
+            self._tokenizer = Tokenizer.from_gguf(self.path)
+        return self._tokenizer
+
+    # ---- sessions ---------------------------------------------------------------------------
+    def session(self, ctx: int = 32768) -> "Session":
+        """A new, empty inference timeline with room for ``ctx`` tokens."""
+        from .session import Session
+        return Session(self, ctx)
+
+    def load_session(self, path: str | os.PathLike[str], ctx: int | None = None) -> "Session":
+        """A session restored from a payload file written by :meth:`Session.save`.
+
+        ``ctx`` defaults to the context stored in the payload header.
+        """
+        from .session import Session
+        data = Path(path).read_bytes()
+        if ctx is None:
+            if len(data) < 12:
+                from .errors import CacheFormatError
+                raise CacheFormatError(f"{path}: truncated session payload")
+            ctx = int.from_bytes(data[8:12], "little")
+        s = Session(self, int(ctx))
+        s.load_payload(data)
+        return s
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """Text generation; see :func:`ds4.generation.generate`."""
+        from .generation import generate
+        return generate(self, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Engine({str(self.path)!r}, variant={self.info.variant!r}, threads={self.threads})"
+
+
+def _is_full_model(path: Path) -> bool:
+    from .gguf_header import read_header
+    h = read_header(path)
+    return "deepseek4.block_count" in h.metadata
+
+
+def _raw_tensor_table(path: Path) -> list[tuple[str, int, list[int], int, int]]:
+    """Tensor table of an MTP-only GGUF (no model metadata to validate against)."""
+    from .gguf_header import read_header
+    h = read_header(path)
+    out = []
+    for name in h.tensor_order:
+        t = h.tensors[name]
+        out.append((t.name, int(t.type), [int(d) for d in t.dims], int(t.offset), int(t.nbytes)))
+    return out

@@ -1,0 +1,183 @@
+"""``ds4.Session``: one mutable inference timeline over an :class:`~ds4.engine.Engine`.
+
+A session owns its KV state (raw sliding window, compressed rows, compressor frontiers) and the
+logits for the next token. ``sync`` reuses whatever prefix is already evaluated::
+
+    >>> import ds4, ds4.testing
+    >>> s = ds4.Engine(ds4.testing.default_model_path(), threads=1).session(ctx=128)
+    >>> s.sync([5, 6, 7]); s.pos
+    3
+    >>> t = s.argmax(); s.eval(t); s.pos
+    4
+    >>> snap = s.snapshot(); s.eval(9); s.restore(snap); s.pos
+    4
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable
+
+import numpy as np
+
+from .errors import InvalidArgumentError, UnsupportedModelError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Engine
+
+__all__ = ["Session", "Snapshot"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An in-memory checkpoint of a whole session (its DSV4 payload bytes)."""
+
+    payload: bytes
+    pos: int
+    ctx: int
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload)
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+class Session:
+    """One timeline: ``sync``/``eval`` tokens, read ``logits``, checkpoint and persist the state.
+
+    Not thread-safe: use one session per thread (sessions of one engine may run concurrently).
+    Long calls release the GIL; Ctrl-C or :meth:`cancel` from another thread stops a prefill at
+    the next chunk boundary, leaving the session consistent at that boundary.
+    """
+
+    def __init__(self, engine: "Engine", ctx: int = 32768) -> None:
+        from . import _core
+        if int(ctx) < 2:
+            raise InvalidArgumentError(f"ctx must be at least 2, got {ctx}")
+        self.engine = engine
+        self._s = _core.Session(engine._model, int(ctx))
+        self._logits: np.ndarray | None = None
+
+    # ---- timeline ---------------------------------------------------------------------------
+    @property
+    def pos(self) -> int:
+        """Number of tokens in the timeline (the position the next token gets)."""
+        return int(self._s.pos)
+
+    @property
+    def ctx(self) -> int:
+        return int(self._s.ctx)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens whose state is live, in order."""
+        return list(self._s.tokens)
+
+    def sync(self, tokens: Iterable[int], progress: ProgressFn | None = None) -> None:
+        """Make the timeline exactly ``tokens`` (1 <= len < ctx), evaluating only what is new.
+
+        If the current tokens are a prefix of ``tokens`` only the suffix is evaluated, otherwise
+        the state is rebuilt. ``progress(done, total)`` is called after each prefill chunk.
+        """
+        self._s.sync(list(tokens), progress)
+
+    def eval(self, token: int) -> None:
+        """Append one token and refresh the logits (ContextOverflowError when ctx is full)."""
+        self._s.eval(int(token))
+
+    def rewind(self, pos: int) -> None:
+        """Truncate the timeline to its first ``pos`` tokens (the state is rebuilt on next use)."""
+        self._s.rewind(int(pos))
+
+    def reset(self) -> None:
+        """Drop everything: an empty timeline."""
+        self._s.reset()
+
+    def common_prefix(self, tokens: Iterable[int]) -> int:
+        """Length of the common prefix of the live tokens and ``tokens``."""
+        return int(self._s.common_prefix(list(tokens)))
+
+    def cancel(self) -> None:
+        """Ask a running ``sync`` (in another thread) to stop at the next chunk boundary."""
+        self._s.cancel()
+
+    # ---- outputs ----------------------------------------------------------------------------
+    @property
+    def logits(self) -> np.ndarray:
+        """Read-only float32 view (vocab,) of the next-token logits; updated in place by eval."""
+        if self._logits is None:
+            self._logits = self._s.logits_view()
+        else:
+            self._s.logits_view()  # rebuilds a rewound state; the view itself never moves
+        return self._logits
+
+    def argmax(self) -> int:
+        """The most likely next token (lowest id on ties)."""
+        return int(self._s.argmax())
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """An in-memory checkpoint of the whole state."""
+        return Snapshot(self._s.save_payload(), self.pos, self.ctx)
+
+    def restore(self, snap: Snapshot) -> None:
+        """Go back to ``snap`` (taken from a session with a compatible ctx)."""
+        self._s.load_payload(snap.payload)
+
+    def save_payload(self) -> bytes:
+        """The DSV4 session payload (RUNTIME.md §6.1), byte-compatible with upstream."""
+        return self._s.save_payload()
+
+    def load_payload(self, data: bytes | bytearray | memoryview) -> None:
+        """Replace the state with a payload; CacheFormatError (session unchanged) if it does not fit."""
+        self._s.load_payload(data)
+
+    def payload_size(self) -> int:
+        return int(self._s.payload_size())
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the payload to ``path`` atomically (temp file in the same folder, then rename)."""
+        path = Path(path)
+        data = self.save_payload()
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes allocated for this session's KV state."""
+        return int(self._s.kv_bytes)
+
+    # ---- MTP ----------------------------------------------------------------------------------
+    def mtp_logits(self) -> np.ndarray:
+        """MTP draft logits (float32 copy, vocab) for the token after the next one.
+
+        One MTP step (MODEL.md §3.12) from the last evaluated token and its final hidden state, run
+        once per position on first request; the MTP block's own 128-token window gets a row per
+        step taken, so call it after every eval when drafting continuously.
+        """
+        if not self.engine.has_mtp:
+            raise UnsupportedModelError("this engine has no MTP block loaded (pass mtp_path=...)")
+        return self._s.mtp_logits()
+
+    def mtp_draft(self) -> int:
+        """The MTP block's greedy draft for the token after the next one."""
+        return int(np.argmax(self.mtp_logits()))
+
+    def __repr__(self) -> str:
+        return f"Session(pos={self.pos}, ctx={self.ctx})"

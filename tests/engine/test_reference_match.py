@@ -1,0 +1,118 @@
+"""Engine logits against the numpy oracle ds4.reference, teacher-forced and greedy.
+
+Tolerances are in _compare.py with their reason (upstream's own build-to-build noise). Prompt
+lengths cross every boundary of the tiny shapes: 1 token, < 128, > 128 (the raw ring wraps and
+ratio-128 rows appear), and > 4*top_k (the ratio-4 indexer starts selecting).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ds4
+import ds4.testing
+from ds4.reference import ReferenceModel
+
+from _compare import TOL_ARGMAX, compare_rows
+
+# A reference row whose top-1/top-2 margin exceeds this must give the same argmax: the largest
+# per-row deviation seen between two correct float orders on the tiny model is ~1.5 (MODEL.md §9
+# reports 2.29 max for upstream vs a blind port), so flips are legitimate only below it.
+NEAR_TIE = 2.0
+
+
+def _teacher_forced(eng: ds4.Engine, ref: ReferenceModel, tokens: list[int], ctx: int = 512):
+    s = eng.session(ctx=ctx)
+    st_ = ref.new_state(ctx)
+    ours, theirs = [], []
+    for t in tokens:
+        s.eval(t)
+        ours.append(s.logits.copy())
+        theirs.append(ref.decode(st_, t))
+    return np.array(ours), np.array(theirs)
+
+
+def _check(ours: np.ndarray, theirs: np.ndarray, min_argmax: float = TOL_ARGMAX) -> None:
+    stats = compare_rows(ours, theirs)
+    assert stats.ok(min_argmax), stats
+    srt = np.sort(theirs, axis=1)
+    decisive = (srt[:, -1] - srt[:, -2]) > NEAR_TIE
+    assert (ours.argmax(1) == theirs.argmax(1))[decisive].all(), "argmax differs on a decisive row"
+
+
+MODELS = [("tiny", "q2"), ("tiny", "q4"), ("tiny-pro", "q2")]
+
+
+@pytest.fixture(scope="module", params=MODELS, ids=[f"{n}-{e}" for n, e in MODELS])
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    name, experts = request.param
+    path = ds4.testing.write_model(tmp_path_factory.mktemp(name) / f"{name}-{experts}.gguf", name,
+                                   experts=experts, seed=1)
+    return ds4.Engine(path, threads=2), ReferenceModel(path)
+
+
+@pytest.fixture(params=["scalar", "best"])
+def simd(request: pytest.FixtureRequest):
+    """Run under upstream's literal scalar float orders and under the fastest SIMD path."""
+    from ds4 import _core
+    before = _core.simd_path()
+    _core.set_simd_path("scalar" if request.param == "scalar" else _core.simd_paths()[-1])
+    yield request.param
+    _core.set_simd_path(before)
+
+
+def test_teacher_forced_160_tokens(pair, simd) -> None:
+    # 160 tokens: ring wrap at 128, ratio-128 row at 127, indexer selection from 4*(top_k+1).
+    eng, ref = pair
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, eng.shape.n_vocab, 160).tolist()
+    ours, theirs = _teacher_forced(eng, ref, tokens)
+    # Over 160 rows a couple of near-tie flips are expected; allow the MODEL.md §9 floor minus one
+    # row of slack per 80 (the decisive-row check above still demands exact argmax elsewhere).
+    _check(ours, theirs, min_argmax=0.93)
+
+
+@settings(max_examples=6)
+@given(seed=st.integers(0, 2**31 - 1), n=st.sampled_from([1, 5, 37, 131]))
+def test_prefill_last_logits(pair, seed: int, n: int) -> None:
+    eng, ref = pair
+    tokens = np.random.default_rng(seed).integers(0, eng.shape.n_vocab, n).tolist()
+    s = eng.session(ctx=256)
+    s.sync(tokens)
+    theirs = ref.prefill(ref.new_state(256), tokens)
+    stats = compare_rows(s.logits, theirs)
+    # One row, no averaging: it may be one of the isolated spike rows (about 1 in 20) where an
+    # FP8 block scale or Q8_0 tie flips between float orders (e.g. position 0, where attention
+    # returns an FP8-grid row times a scalar: MODEL.md §4.6); those reach ~0.45 mean |dlogit|.
+    assert stats.mean_abs <= 0.5 and stats.max_abs <= 2.5, stats
+
+
+def test_greedy_continuation(pair) -> None:
+    eng, ref = pair
+    prompt = np.random.default_rng(3).integers(0, eng.shape.n_vocab, 20).tolist()
+    s = eng.session(ctx=256)
+    s.sync(prompt)
+    st_ = ref.new_state(256)
+    theirs = ref.prefill(st_, prompt)
+    for _ in range(12):
+        srt = np.sort(theirs)
+        if srt[-1] - srt[-2] < 0.3:
+            break  # a reference near-tie: the continuation may legitimately diverge from here
+        t_ref, t_ours = int(np.argmax(theirs)), s.argmax()
+        assert t_ours == t_ref
+        s.eval(t_ours)
+        theirs = ref.decode(st_, t_ref)
+
+
+@settings(max_examples=3)
+@given(shape=ds4.testing.shapes(max_layers=3), seed=st.integers(0, 1000))
+def test_drawn_shapes(tmp_path_factory: pytest.TempPathFactory, shape, seed: int) -> None:
+    path = ds4.testing.write_model(tmp_path_factory.mktemp("drawn") / "m.gguf", shape, seed=seed)
+    eng, ref = ds4.Engine(path, threads=1), ReferenceModel(path)
+    tokens = np.random.default_rng(seed).integers(0, shape.n_vocab, 24).tolist()
+    ours, theirs = _teacher_forced(eng, ref, tokens, ctx=64)
+    stats = compare_rows(ours, theirs)
+    assert stats.mean_abs <= 0.05 and stats.mean_kl <= 0.006, stats
