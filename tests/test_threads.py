@@ -94,3 +94,28 @@ def test_exception_in_one_range_propagates():
     with pytest.raises(InvalidArgumentError):
         core.matvec_experts(int(Q.Q8_0), raw, (32, 2, 2), np.array([5], np.int32), np.ones(32, np.float32))
     assert core.matvec(int(Q.Q8_0), raw, (32, 4), np.ones(32, np.float32)).shape == (4,)
+
+
+def test_resizing_while_other_threads_compute(restore_threads):
+    """set_threads from one Python thread while others run kernels (GIL released): the global pool
+    is resized in place, so no call sees a destroyed pool and every answer stays exact."""
+    raw = random_weights(Q.Q2_K, 1024, 96, 4)
+    x = activation(1024, 5, "normal")
+    want = core.matvec(int(Q.Q2_K), raw, (1024, 96), x)
+    errors = []
+
+    def compute():
+        try:
+            for _ in range(30):
+                np.testing.assert_array_equal(core.matvec(int(Q.Q2_K), raw, (1024, 96), x), want)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    workers = [threading.Thread(target=compute) for _ in range(3)]
+    for t in workers:
+        t.start()
+    for n in (1, 3, 2, 4, 1, 2) * 3:
+        core.set_threads(n)
+    for t in workers:
+        t.join()
+    assert not errors, errors[0]
