@@ -24,8 +24,18 @@ def restore_threads():
     core.set_threads(before)
 
 
+@pytest.mark.parametrize("path", core.simd_paths())
 @pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda q: q.name)
-def test_results_bit_identical_for_any_thread_count(qtype, restore_threads):
+def test_results_bit_identical_for_any_thread_count(qtype, path, restore_threads):
+    before = core.simd_path()
+    core.set_simd_path(path)
+    try:
+        _check_thread_counts(qtype)
+    finally:
+        core.set_simd_path(before)
+
+
+def _check_thread_counts(qtype):
     be, _ = block_size(qtype)
     n = 512 if be == 256 else 256
     rows, n_expert = 37, 3  # odd sizes: uneven ranges
