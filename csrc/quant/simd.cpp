@@ -47,6 +47,9 @@ bool arm_has_dotprod_fp16() {
 #endif
 
 bool cpu_has(SimdPath p) {
+#if defined(DS4_ARCH_X86) && defined(DS4_HAVE_X86_KERNELS)
+    __builtin_cpu_init();  // idempotent; makes the checks safe even from static initialisers
+#endif
     switch (p) {
         case SimdPath::Scalar: return true;
 #if defined(DS4_ARCH_X86) && defined(DS4_HAVE_X86_KERNELS)
