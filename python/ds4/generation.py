@@ -58,7 +58,7 @@ __all__ = [
 
 DEFAULT_CTX = 32768  # upstream CLI default context
 
-ProgressFn = Callable[[str, int, int], None]
+ProgressFn = Callable[[int, int], None]  # progress(done, total) during sync, as Session.sync
 
 
 @dataclass(frozen=True)

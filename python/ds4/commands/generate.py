@@ -40,6 +40,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="thinking mode (default high; max needs ctx >= 393216)")
     p.add_argument("--nothink", dest="think", action="store_const", const="none", help="disable thinking")
     p.add_argument("--think-max", dest="think", action="store_const", const="max", help="think mode max")
+    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="CPU threads (default: physical cores)")
     p.add_argument("--reference", action="store_true",
                    help="run the pure-numpy reference model instead of the compiled engine (small models only)")
     p.add_argument("--progress", action="store_true", help="always show the prefill progress bar")
@@ -92,12 +94,12 @@ class _ReferenceSession:
             for i, t in enumerate(suffix):
                 self.logits = self._model.decode(self._st, t)
                 if progress is not None:
-                    progress("decode", i + 1, len(suffix))
+                    progress(i + 1, len(suffix))
             return
         self._st = self._model.new_state(self.ctx)
         self.logits = self._model.prefill(self._st, tokens)
         if progress is not None:
-            progress("prefill_chunk", len(tokens), len(tokens))
+            progress(len(tokens), len(tokens))
 
     def eval(self, token: int) -> None:
         if self.pos >= self.ctx:
@@ -136,7 +138,7 @@ def open_engine(args: argparse.Namespace):
         raise InvalidArgumentError(
             "the compiled engine is not available in this build; pass --reference to run the numpy "
             "reference model (small models only)") from None
-    return Engine(path)
+    return Engine(path, threads=args.threads)
 
 
 # ---- terminal output -----------------------------------------------------------------------------
@@ -152,7 +154,7 @@ class ProgressBar:
         self._last = 0.0
         self._shown = False
 
-    def __call__(self, what: str, current: int, total: int) -> None:
+    def __call__(self, current: int, total: int) -> None:
         if not self.enabled or total < self.min_total:
             return
         now = time.monotonic()
