@@ -367,3 +367,23 @@ def test_token_bytes_of_every_token(tok):
             literal += 1
             assert tok.token_to_bytes(i) == s.encode(), i
     assert literal == 1283  # exactly the added tokens decode literally
+
+
+@needs_real
+def test_ds4_testing_vocab_agrees_with_fixture():
+    # ds4.testing converts tokenizer.json for synthetic models; it must give the same GGUF vocabulary.
+    from ds4.testing import deepseek_vocab
+
+    v = deepseek_vocab()
+    tokens, merges, types = real_vocab(TOKENIZER_JSON)
+    assert list(v.tokens) == tokens and list(v.merges) == merges and list(v.token_types) == types
+
+
+def test_tiny_model_tokenizer_from_ds4_testing():
+    import ds4.testing
+
+    t = Tokenizer.from_gguf(ds4.testing.default_model_path())
+    assert all(getattr(t.special, k) is not None for k in SPECIAL_STRINGS)
+    text = "Hello, world! def main():\n    return 0 <｜User｜>"
+    assert t.decode(t.encode(text)) == text
+    assert t.special.user not in t.encode(text)
