@@ -164,3 +164,19 @@ def test_progress_bar_and_printer():
     pr.write("answer", "content")
     pr.end()
     assert out.getvalue() == "\x1b[2mthink\x1b[0manswer\n"
+
+
+def test_cli_dump_tokens(capsys, engine):
+    assert main(["generate", "-p", "Hi you", "--nothink", "--dump-tokens"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    ids = encode_chat_prompt(engine.tokenizer, "Hi you", think="none")
+    assert out[0] == "[" + ", ".join(map(str, ids)) + "]"
+    assert out[1] == f"{ids[0]:6d}  <｜begin▁of▁sentence｜>"
+    assert len(out) == len(ids) + 1
+
+
+def test_prompt_too_long_fails_at_call_time(engine):
+    from ds4.errors import ContextOverflowError
+
+    with pytest.raises(ContextOverflowError, match="context holds 5"):
+        generate(engine, prompt="x", ctx=5)  # raised before any iteration

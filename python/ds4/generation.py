@@ -252,6 +252,13 @@ def generate(
     mode = think_mode_for_context(think, session.ctx)
     prompt_tokens = build_prompt(engine.tokenizer, prompt, messages, tokens, system=system, tools=tools,
                                  think=mode, ctx=session.ctx, raw=raw)
+    if not prompt_tokens:
+        raise InvalidArgumentError("the prompt is empty (no tokens)")
+    if len(prompt_tokens) >= session.ctx:
+        raise ContextOverflowError(
+            f"prompt has {len(prompt_tokens)} tokens, but the context holds {session.ctx} "
+            "(at least one free slot is needed)"
+        )
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     it = _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops,
               seed, logprobs, progress)
@@ -267,13 +274,6 @@ def generate(
 def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
          logprobs, progress) -> Iterator[GenerationEvent]:
     tok = engine.tokenizer
-    if not prompt_tokens:
-        raise InvalidArgumentError("the prompt is empty (no tokens)")
-    if len(prompt_tokens) >= session.ctx:
-        raise ContextOverflowError(
-            f"prompt has {len(prompt_tokens)} tokens, but the context holds {session.ctx} "
-            "(at least one free slot is needed)"
-        )
     live = list(session.tokens)
     cached = len(live) if _common_prefix(live, prompt_tokens) == len(live) else 0
 

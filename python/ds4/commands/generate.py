@@ -56,6 +56,8 @@ def register(subparsers: Any) -> None:
     src.add_argument("--prompt-file", default=None, metavar="FILE", help="read the prompt from FILE")
     p.add_argument("--raw", action="store_true", help="plain-tokenize the prompt (no chat template, no BOS)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--dump-tokens", action="store_true",
+                   help="print the prompt's tokens (id and vocabulary string) and exit; no inference")
     p.set_defaults(func=run)
 
 
@@ -217,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
             raise Ds4IOError(f"{args.prompt_file}: cannot read prompt file: {e}") from e
     else:
         prompt = args.prompt
+    if args.dump_tokens:
+        return dump_tokens(args, prompt)
     engine = open_engine(args)
     bar = ProgressBar(enabled=True if args.progress else None)
     out = StreamPrinter()
@@ -231,9 +235,30 @@ def run(args: argparse.Namespace) -> int:
             else:
                 bar.close()
                 out.write(ev.text, ev.channel)
+    except KeyboardInterrupt:
+        bar.close()
+        out.end()
+        print("ds4: interrupted", file=sys.stderr)
+        return 130
     finally:
         bar.close()
     out.end()
     if fin is not None:
         report_speed(fin)
+    return 0
+
+
+def dump_tokens(args: argparse.Namespace, prompt: str) -> int:
+    """Upstream's ``--dump-tokens`` layout: the id list, then one line per token (id right-aligned
+    in 6 columns, two spaces, the raw vocabulary string). Only the GGUF header is read."""
+    from ..generation import build_prompt
+    from ..testing import default_model_path
+    from ..tokenizer import Tokenizer
+
+    path = args.model if args.model is not None else default_model_path()
+    tok = Tokenizer.from_gguf(path)
+    ids = build_prompt(tok, prompt, system=args.system or None, think=args.think, ctx=args.ctx, raw=args.raw)
+    print("[" + ", ".join(str(i) for i in ids) + "]")
+    for i in ids:
+        print(f"{i:6d}  {tok.tokens[i]}")
     return 0
