@@ -244,3 +244,19 @@ def test_k_quant_paths_equal_scalar_exactly(qtype, data):
             outs.append(core.matvec(int(qtype), raw, (n, rows), x))
     for y in outs[1:]:
         np.testing.assert_array_equal(y, outs[0])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda q: q.name)
+def test_matmul_equals_matvec_on_long_rows(path, qtype):
+    """Long rows (several 8-block groups plus a tail) and every batch remainder mod 4, so the
+    multi-activation kernels' grouped reductions are compared bit for bit with matvec."""
+    be, _ = block_size(qtype)
+    n = 256 * 11 if be == 256 else 32 * 19 if be == 32 else 600
+    rows = 5
+    raw = random_weights(qtype, n, rows, 21)
+    X = activation(n, 22, "normal", batch=7)
+    with simd_path(path):
+        Y = core.matmul(int(qtype), raw, (n, rows), X)
+        for b in range(len(X)):
+            np.testing.assert_array_equal(Y[b].view(np.uint32), core.matvec(int(qtype), raw, (n, rows), X[b]).view(np.uint32))
