@@ -84,3 +84,112 @@ def test_render_then_parse_round_trip(calls, content):
     assert m.ok and m.content == content and m.raw_dsml == block
     assert [c.name for c in m.tool_calls] == [n for n, _ in calls]
     assert [json.loads(c.arguments) for c in m.tool_calls] == [a for _, a in calls]
+
+
+# ---- streaming recognizer --------------------------------------------------------------------------
+
+from ds4.chat import DsmlTracker  # noqa: E402
+
+_SYN = [
+    ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", "<｜DSML｜invoke", "</｜DSML｜invoke>", "<｜DSML｜parameter",
+     "</｜DSML｜parameter>"),
+    ("<DSML｜tool_calls>", "</DSML｜tool_calls>", "<DSML｜invoke", "</DSML｜invoke>", "<DSML｜parameter",
+     "</DSML｜parameter>"),
+    ("<tool_calls>", "</tool_calls>", "<invoke", "</invoke>", "<parameter", "</parameter>"),
+]
+WS = " \t\n\v\f\r"
+
+
+def slow_state(raw: str) -> str:
+    """From-scratch recognizer, after upstream's test-only ``dsml_decode_state_for_text``."""
+    starts = [(raw.find(s[0]), i) for i, s in enumerate(_SYN) if raw.find(s[0]) >= 0]
+    if not starts:
+        return "outside"
+    k, i = min(starts)
+    tc_start, tc_end, inv_start, inv_end, p_start, p_end = _SYN[i]
+    pos = k + len(tc_start)
+
+    def partial_suffix(lit, min_len):
+        return any(raw.endswith(lit[:n]) for n in range(min_len, min(len(raw), len(lit) - 1) + 1))
+
+    while True:
+        while pos < len(raw) and raw[pos] in WS:
+            pos += 1
+        if pos >= len(raw):
+            return "structural"
+        if raw.startswith(tc_end, pos):
+            return "outside"
+        if raw.startswith(inv_end, pos):
+            pos += len(inv_end)
+            continue
+        if raw.startswith(inv_start, pos):
+            e = raw.find(">", pos)
+            if e < 0:
+                return "structural"
+            pos = e + 1
+            continue
+        if raw.startswith(p_start, pos):
+            e = raw.find(">", pos)
+            if e < 0:
+                return "structural"
+            tag = raw[pos:e + 1]
+            is_string = 'string="true"' in tag
+            pos = e + 1
+            if is_string:
+                end = raw.find(p_end, pos)
+                if end < 0:
+                    return "structural" if partial_suffix(p_end, 2) else "string_body"
+                pos = end + len(p_end)
+                continue
+            in_str = esc = False
+            q = pos
+            closed = False
+            while q < len(raw):
+                if not in_str and raw.startswith(p_end, q):
+                    closed = True
+                    break
+                c = raw[q]
+                q += 1
+                if in_str:
+                    if esc:
+                        esc = False
+                    elif c == "\\":
+                        esc = True
+                    elif c == '"':
+                        in_str = False
+                elif c == '"':
+                    in_str = True
+            if closed:
+                pos = q + len(p_end)
+                continue
+            if not in_str and partial_suffix(p_end, 2):
+                return "structural"
+            return "json_string" if in_str else "json_structural"
+        return "structural"
+
+
+def test_tracker_states_on_a_block():
+    text = ("Hi" + BLOCK + " after")
+    tr = DsmlTracker()
+    seen = []
+    for i in range(1, len(text) + 1):
+        st = tr.update(text[:i])
+        if not seen or seen[-1] != st:
+            seen.append(st)
+    assert seen == ["outside", "structural", "string_body", "structural", "json_structural", "json_string",
+                    "json_structural", "structural", "outside"]
+    assert tr.done and not tr.in_tool and not tr.greedy
+
+
+@given(st.lists(st.tuples(_text.filter(bool), _args), min_size=1, max_size=2), _text,
+       st.lists(st.integers(1, 6), min_size=1, max_size=40))
+def test_tracker_incremental_equals_from_scratch(calls, prefix, steps):
+    block = render_tool_calls([(name, json.dumps(args, ensure_ascii=False)) for name, args in calls])
+    text = prefix.replace("<", "(") + block + "tail"
+    tr = DsmlTracker()
+    pos = 0
+    for k in steps * (len(text) // max(sum(steps), 1) + 1):
+        pos = min(len(text), pos + k)
+        assert tr.update(text[:pos]) == slow_state(text[:pos]), text[:pos]
+        if pos == len(text):
+            break

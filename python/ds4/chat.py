@@ -54,6 +54,7 @@ __all__ = [
     "ToolCall",
     "ParsedMessage",
     "parse_generated",
+    "DsmlTracker",
 ]
 
 BOS = "<｜begin▁of▁sentence｜>"
@@ -706,3 +707,146 @@ def parse_generated(text: str, thinking: bool) -> ParsedMessage:
         content_end -= 1
     content, reasoning = _split_reasoning(text[:content_end])
     return ParsedMessage(content, reasoning, tuple(calls), text[start:end])
+
+
+# ---- streaming DSML recognizer (drives the greedy rule, RUNTIME.md §8.3) ---------------------------
+
+_SYNTAXES = (_TAGSETS["dsml"], _TAGSETS["short"], _TAGSETS["xml"])
+_MAX_START = max(len(s[0]) for s in _SYNTAXES)
+
+
+def _partial(text: str, pos: int, lit: str, min_len: int = 0) -> bool:
+    """``text[pos:]`` is a proper prefix of ``lit`` at least ``min_len`` long (a tag still arriving)."""
+    avail = len(text) - pos
+    return min_len <= avail < len(lit) and lit.startswith(text[pos:])
+
+
+class DsmlTracker:
+    """Incremental recognizer of where generation is inside a DSML tool block (upstream's
+    ``dsml_decode_tracker``): feed it the whole generated text so far after every token.
+
+    ``state`` is one of ``outside``, ``structural`` (tags, whitespace between them, partial tags),
+    ``string_body`` (a ``string="true"`` value), ``json_structural`` / ``json_string`` (a
+    ``string="false"`` value outside / inside a JSON string). ``greedy`` says the next token is
+    protocol syntax and should be chosen greedily. Only the first block of a turn is tracked. It
+    scans reasoning too (upstream quirk). Positions are characters, not bytes: a tag cut inside a
+    multi-byte character is seen one token later than upstream sees it.
+    """
+
+    def __init__(self) -> None:
+        self.mode = "search"
+        self.state = "outside"
+        self._syn = _SYNTAXES[0]
+        self._pos = 0
+        self._json_in_string = False
+        self._json_escaped = False
+
+    @property
+    def in_tool(self) -> bool:
+        return self.state != "outside"
+
+    @property
+    def greedy(self) -> bool:
+        return self.state in ("structural", "json_structural")
+
+    @property
+    def done(self) -> bool:
+        return self.mode == "done"
+
+    def update(self, text: str) -> str:
+        """Advance over ``text`` (the full generated text so far); returns the new state."""
+        while True:
+            if self.mode == "done":
+                self.state = "outside"
+                return self.state
+            if self.mode == "search":
+                best, syn = -1, None
+                for s in _SYNTAXES:
+                    k = text.find(s[0], self._pos)
+                    if k >= 0 and (best < 0 or k < best):
+                        best, syn = k, s
+                if syn is None:
+                    self._pos = max(len(text) - _MAX_START, 0)
+                    self.state = "outside"
+                    return self.state
+                self._syn, self._pos = syn, best + len(syn[0])
+                self.mode, self.state = "structural", "structural"
+            _, tc_end, inv_start, inv_end, param_start, param_end = self._syn
+            if self.mode == "string_body":
+                while self._pos < len(text):
+                    if text.startswith(param_end, self._pos):
+                        self._pos += len(param_end)
+                        self.mode = "structural"
+                        break
+                    if _partial(text, self._pos, param_end):
+                        # A closing tag may be arriving. Upstream reports structural from 2
+                        # characters on but steps past a lone trailing '<' and then never sees
+                        # that tag; we keep the position (same states, no lost tag).
+                        self.state = "structural" if len(text) - self._pos >= 2 else "string_body"
+                        return self.state
+                    self._pos += 1
+                else:
+                    self.state = "string_body"
+                    return self.state
+            if self.mode == "json":
+                closed = False
+                while self._pos < len(text):
+                    if not self._json_in_string:
+                        if text.startswith(param_end, self._pos):
+                            self._pos += len(param_end)
+                            self.mode = "structural"
+                            closed = True
+                            break
+                        if _partial(text, self._pos, param_end):
+                            self.state = "structural" if len(text) - self._pos >= 2 else "json_structural"
+                            return self.state
+                    c = text[self._pos]
+                    self._pos += 1
+                    if self._json_in_string:
+                        if self._json_escaped:
+                            self._json_escaped = False
+                        elif c == "\\":
+                            self._json_escaped = True
+                        elif c == '"':
+                            self._json_in_string = False
+                    elif c == '"':
+                        self._json_in_string = True
+                if not closed:
+                    self.state = "json_string" if self._json_in_string else "json_structural"
+                    return self.state
+            # structural
+            while self.mode == "structural":
+                self._pos = _skip_ws(text, self._pos)
+                if self._pos >= len(text):
+                    self.state = "structural"
+                    return self.state
+                if text.startswith(tc_end, self._pos):
+                    self._pos += len(tc_end)
+                    self.mode = "done"
+                    self.state = "outside"
+                    return self.state
+                if text.startswith(inv_end, self._pos):
+                    self._pos += len(inv_end)
+                    continue
+                if text.startswith(inv_start, self._pos):
+                    k = text.find(">", self._pos)
+                    if k < 0:
+                        self.state = "structural"
+                        return self.state
+                    self._pos = k + 1
+                    continue
+                if text.startswith(param_start, self._pos):
+                    k = text.find(">", self._pos)
+                    if k < 0:
+                        self.state = "structural"
+                        return self.state
+                    is_string = _dsml_attr(text[self._pos:k + 1], "string") == "true"
+                    self._pos = k + 1
+                    if is_string:
+                        self.mode, self.state = "string_body", "string_body"
+                    else:
+                        self.mode, self.state = "json", "json_structural"
+                        self._json_in_string = self._json_escaped = False
+                    break
+                self.state = "structural"  # a partial tag, or anything else: stay structural
+                return self.state

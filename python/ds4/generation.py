@@ -10,7 +10,13 @@
   opened a ``<think>`` block, else ``"content"``;
 * one final :class:`FinishEvent` with the finish reason (``"eos"``, ``"stop"`` for a stop string,
   ``"length"`` for the token budget, ``"context"`` when the context is full), the texts, the tokens,
-  usage counts and timings.
+  usage counts and timings (``FinishEvent.message()`` parses DSML tool calls out of the text).
+
+With ``tools`` (a chat with tool schemas), upstream's server rules apply: a DSML recognizer forces
+greedy choices on protocol syntax (tags, attribute headers, JSON punctuation) while parameter
+payloads keep the caller's sampling, and a complete tool block after ``</think>`` ends generation
+with ``"tool_calls"``. Upstream's other server override (thinking forces T=1, top_p=1, min_p=0.05)
+is left to the caller.
 
 Semantics follow upstream (RUNTIME.md §3.7, §9.5, §10.1): EOS is never evaluated nor emitted; stop
 strings are matched on the generated text of the current channel and are not emitted; the sampled
@@ -31,7 +37,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from .chat import DEFAULT_SYSTEM, encode_chat_prompt, render, think_mode_for_context
+from .chat import (
+    DEFAULT_SYSTEM,
+    THINK_END,
+    DsmlTracker,
+    ParsedMessage,
+    encode_chat_prompt,
+    parse_generated,
+    render,
+    think_mode_for_context,
+)
 from .errors import ContextOverflowError, InvalidArgumentError
 from .sampling import (
     DEFAULT_MIN_P,
@@ -92,7 +107,7 @@ class TokenEvent:
 class FinishEvent:
     """End of generation: why it stopped, what was produced, counts and timings."""
 
-    finish_reason: str  # "eos" | "stop" | "length" | "context"
+    finish_reason: str  # "eos" | "stop" | "length" | "context" | "tool_calls"
     reasoning: str
     content: str
     tokens: tuple[int, ...]
@@ -100,6 +115,12 @@ class FinishEvent:
     prompt_seconds: float
     decode_seconds: float
     stop: str | None = None  # the stop string that matched, for finish_reason == "stop"
+    raw_text: str = ""  # all generated text as the model wrote it (with </think>), cut at a stop string
+    thinking: bool = False  # the prompt opened a <think> block
+
+    def message(self) -> ParsedMessage:
+        """Reasoning, content and DSML tool calls parsed from ``raw_text`` (upstream's final parser)."""
+        return parse_generated(self.raw_text, self.thinking)
 
     @property
     def text(self) -> str:
@@ -236,6 +257,7 @@ def generate(
     session=None,
     logprobs: int | None = None,
     progress: ProgressFn | None = None,
+    dsml: bool | None = None,
     stream: bool = True,
 ) -> Iterator[GenerationEvent] | FinishEvent:
     """Generate from ``engine``. Returns an iterator of events (``stream=True``) or the FinishEvent.
@@ -244,6 +266,7 @@ def generate(
     otherwise a new one of ``ctx`` tokens (default 32768) is created. ``seed=None`` draws a
     time-based seed (upstream's CLI behaviour). ``max_tokens=None`` runs until EOS, a stop string
     or a full context. ``logprobs=k`` attaches the sampled token's logprob and the top-k to events.
+    ``dsml`` turns the tool-call rules on or off (default: on when ``tools`` are given).
     """
     if max_tokens is not None and max_tokens < 0:
         raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -261,7 +284,7 @@ def generate(
         )
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     it = _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops,
-              seed, logprobs, progress)
+              seed, logprobs, progress, bool(tools) if dsml is None else dsml)
     if stream:
         return it
     final = None
@@ -271,8 +294,21 @@ def generate(
     return final
 
 
+_BLOCK_MARKERS = (("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"), ("<DSML｜tool_calls>", "</DSML｜tool_calls>"),
+                  ("<tool_calls>", "</tool_calls>"))
+
+
+def _tool_block_closed(text: str, start: int) -> bool:
+    """A tool-call start marker (any syntax) followed by its end marker in ``text[start:]``."""
+    for open_tag, close_tag in _BLOCK_MARKERS:
+        k = text.find(open_tag, start)
+        if k >= 0 and text.find(close_tag, k + len(open_tag)) >= 0:
+            return True
+    return False
+
+
 def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
-         logprobs, progress) -> Iterator[GenerationEvent]:
+         logprobs, progress, dsml) -> Iterator[GenerationEvent]:
     tok = engine.tokenizer
     live = list(session.tokens)
     cached = len(live) if _common_prefix(live, prompt_tokens) == len(live) else 0
@@ -283,14 +319,18 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
 
     eos = tok.special.eos
     think_end = tok.special.think_end
-    channel = "reasoning" if tok.special.think_start is not None and prompt_tokens[-1] == tok.special.think_start \
-        else "content"
+    thinking = tok.special.think_start is not None and prompt_tokens[-1] == tok.special.think_start
+    channel = "reasoning" if thinking else "content"
+    tracker = DsmlTracker() if dsml else None
+    raw = ""  # decoded text as generated, </think> included
+    content_start = 0 if not thinking else None  # where post-think text starts in ``raw``
     rng = Rng(seed if seed is not None else time_seed())
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     matcher = _StopMatcher(stops)
     texts = {"reasoning": [], "content": []}
     out_tokens: list[int] = []
     finish, matched = None, None
+    raw_len_at_stop: int | None = None
     budget = max_tokens if max_tokens is not None else session.ctx
 
     def finish_event() -> FinishEvent:
@@ -303,14 +343,20 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
             prompt_seconds=t1 - t0,
             decode_seconds=time.perf_counter() - t1,
             stop=matched,
+            raw_text=raw_text(),
+            thinking=thinking,
         )
+
+    def raw_text() -> str:
+        return raw[:raw_len_at_stop] if raw_len_at_stop is not None else raw  # cut at a stop string
 
     while True:
         if len(out_tokens) >= budget:
             finish = "length"
             break
         logits = session.logits
-        token = sample(logits, temperature, top_k, top_p, min_p, rng)
+        greedy = tracker is not None and tracker.greedy
+        token = sample(logits, 0.0 if greedy else temperature, top_k, top_p, min_p, rng)
         if token == eos:
             finish = "eos"
             break
@@ -320,17 +366,30 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
             tops = tuple(top_logprobs(logits, logprobs)) if logprobs > 0 else ()
         out_tokens.append(token)
         if channel == "reasoning" and token == think_end:
-            released = matcher.reset() + decoder.decode(b"", final=True)
+            flushed = decoder.decode(b"", final=True)
             decoder.reset()
+            raw += flushed + THINK_END
+            content_start = len(raw)
+            released = matcher.reset() + flushed
             texts["reasoning"].append(released)
             yield TokenEvent(token, released, "reasoning", lp, tops)
             channel = "content"
         else:
-            released, matched = matcher.push(decoder.decode(tok.token_to_bytes(token)))
+            delta = decoder.decode(tok.token_to_bytes(token))
+            held_before = len(matcher.text)
+            released, matched = matcher.push(delta)
+            if matched is not None:  # matcher.text is the tail of ``raw`` since the channel began
+                raw_len_at_stop = len(raw) - held_before + matcher.released
+            raw += delta
             texts[channel].append(released)
             yield TokenEvent(token, released, channel, lp, tops)
             if matched is not None:
                 finish = "stop"
+                break
+        if tracker is not None:
+            tracker.update(raw)
+            if content_start is not None and _tool_block_closed(raw, content_start):
+                finish = "tool_calls"
                 break
         if len(out_tokens) >= budget:
             finish = "length"
@@ -345,9 +404,14 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
             break
 
     if finish != "stop":
-        tail, late = matcher.push(decoder.decode(b"", final=True))
+        final = decoder.decode(b"", final=True)  # an incomplete UTF-8 tail becomes U+FFFD
+        held_before = len(matcher.text)
+        tail, late = matcher.push(final)
         if late is None:
             tail += matcher.reset()  # a stop string that never completed is ordinary text
+        else:
+            raw_len_at_stop = len(raw) - held_before + matcher.released
+        raw += final
         if tail:
             texts[channel].append(tail)
             yield TokenEvent(None, tail, channel)
