@@ -203,8 +203,9 @@ class StreamPrinter:
 
 
 def report_speed(fin) -> None:
+    cached = f", {fin.usage.cached_tokens} reused" if fin.usage.cached_tokens else ""
     print(f"ds4: prefill: {fin.prefill_tps:.2f} t/s, generation: {fin.decode_tps:.2f} t/s "
-          f"({fin.usage.prompt_tokens} prompt, {fin.usage.completion_tokens} generated, "
+          f"({fin.usage.prompt_tokens} prompt{cached}, {fin.usage.completion_tokens} generated, "
           f"finish: {fin.finish_reason})", file=sys.stderr)
 
 
