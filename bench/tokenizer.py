@@ -16,7 +16,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one core: the HF library must not fan out
@@ -75,8 +74,8 @@ def main(argv=None) -> None:
         secs = time_call(lambda: Tokenizer.from_gguf(path), max(1, args.repeats // 2), warmup=0)
         r = measure("load/from_gguf", "s", secs)
         results.append(r)
-        rows.append({"case": "load from GGUF header", "value": r.median, "unit": "s", "spread": f"{r.min:.3g}-{r.max:.3g}",
-                     "_names": {"value": r.name}})
+        rows.append({"case": "load from GGUF header", "value": r.median, "unit": "s",
+                     "spread": f"{r.min:.3g}-{r.max:.3g}", "_names": {"value": r.name}})
         tok = Tokenizer.from_gguf(path)
 
     text = corpus(int(args.mbytes * 1e6))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import codecs
 import inspect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from .chat import (
