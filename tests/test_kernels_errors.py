@@ -94,3 +94,16 @@ def test_ds4_simd_env_selects_the_initial_path(request_path):
     avail = avail.split(",")
     # An available request is honoured; anything else falls back to the best (last) path.
     assert active == (request_path if request_path in avail else avail[-1])
+
+
+def test_matmul_experts_checks():
+    raw = random_weights(Q.Q2_K, 256, 2 * 3, 0)
+    x = np.ones((2, 256), np.float32)
+    with pytest.raises(InvalidArgumentError, match=r"expert id 7 at token 1 slot 0 is outside \[0, 3\)"):
+        core.matmul_experts(int(Q.Q2_K), raw, (256, 2, 3), np.array([[0, 1], [7, 2]], np.int32), x)
+    with pytest.raises(InvalidArgumentError, match=r"x has shape \(3, 256\), expected \(2, 256\) or \(2, 2, 256\)"):
+        core.matmul_experts(int(Q.Q2_K), raw, (256, 2, 3), np.zeros((2, 2), np.int32), np.ones((3, 256), np.float32))
+    with pytest.raises(InvalidArgumentError, match="ids must be 2-D"):
+        core.matmul_experts(int(Q.Q2_K), raw, (256, 2, 3), np.zeros(2, np.int32), x)
+    assert core.matmul_experts(int(Q.Q2_K), raw, (256, 2, 3), np.zeros((0, 2), np.int32),
+                               np.ones((0, 256), np.float32)).shape == (0, 2, 2)

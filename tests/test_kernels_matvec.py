@@ -260,3 +260,30 @@ def test_matmul_equals_matvec_on_long_rows(path, qtype):
         Y = core.matmul(int(qtype), raw, (n, rows), X)
         for b in range(len(X)):
             np.testing.assert_array_equal(Y[b].view(np.uint32), core.matvec(int(qtype), raw, (n, rows), X[b]).view(np.uint32))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES + (Q.F16,), ids=lambda q: q.name)
+@given(data=st.data())
+def test_matmul_experts_equals_matvec_experts_per_token(path, qtype, data):
+    with simd_path(path):
+        _test_matmul_experts_equals_matvec_experts_per_token(qtype, data)
+
+
+def _test_matmul_experts_equals_matvec_experts_per_token(qtype, data):
+    be, _ = block_size(qtype)
+    n = 256 * data.draw(st.integers(1, 3)) if be == 256 else 32 * data.draw(st.integers(1, 20))
+    rows = data.draw(st.integers(1, 70))  # crosses the 64-row work chunk
+    n_expert = data.draw(st.integers(1, 6))
+    n_tok, n_used = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 4))
+    raw = random_weights(qtype, n, rows * n_expert, data.draw(st.integers(0, 2**32 - 1)))
+    ids = np.array(data.draw(st.lists(st.integers(0, n_expert - 1), min_size=n_tok * n_used, max_size=n_tok * n_used)),
+                   np.int32).reshape(n_tok, n_used)
+    per_pair = data.draw(st.booleans())  # down: one activation per (token, slot); gate/up: one per token
+    X = activation(n, data.draw(st.integers(0, 2**32 - 1)), "normal", batch=n_tok * (n_used if per_pair else 1))
+    X = X.reshape(n_tok, n_used, n) if per_pair else X
+    Y = core.matmul_experts(int(qtype), raw, (n, rows, n_expert), ids, X)
+    assert Y.shape == (n_tok, n_used, rows)
+    for b in range(n_tok):
+        want = core.matvec_experts(int(qtype), raw, (n, rows, n_expert), ids[b], X[b])
+        np.testing.assert_array_equal(Y[b].view(np.uint32), want.view(np.uint32))

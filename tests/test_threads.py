@@ -52,6 +52,7 @@ def _check_thread_counts(qtype):
             core.matvec(int(qtype), raw, (n, rows * n_expert), x),
             core.matmul(int(qtype), raw, (n, rows * n_expert), X),
             core.matvec_experts(int(qtype), raw, shape3, ids, X),
+            core.matmul_experts(int(qtype), raw, shape3, ids.reshape(2, 2), X[:2]),
         ))
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
