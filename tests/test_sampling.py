@@ -235,6 +235,15 @@ def test_defaults():
     assert not p.greedy and SamplingParams(temperature=0).greedy
 
 
+def test_thinking_policy():
+    from ds4.sampling import thinking_policy
+
+    client = SamplingParams(temperature=0.2, top_k=5, top_p=0.5, min_p=0.0)
+    assert thinking_policy(client, "high") == SamplingParams(1.0, 0, 1.0, 0.05)
+    assert thinking_policy(client, "max") == SamplingParams(1.0, 0, 1.0, 0.05)
+    assert thinking_policy(client, "none") is client
+
+
 # ---- support and frequencies -------------------------------------------------------------------
 
 PROBS = np.array([0.5, 0.3, 0.15, 0.04, 0.01])

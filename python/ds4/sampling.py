@@ -47,6 +47,7 @@ __all__ = [
     "token_logprob",
     "log_softmax",
     "time_seed",
+    "thinking_policy",
 ]
 
 DEFAULT_TEMPERATURE = 1.0
@@ -72,6 +73,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+def thinking_policy(params: SamplingParams, think: str) -> SamplingParams:
+    """Upstream's server rule (RUNTIME.md §3.7): in thinking mode ('high'/'max') the client's knobs
+    are ignored and T=1, top_k=0, top_p=1, min_p=0.05 are used, as the official API does."""
+    if think in ("high", "max"):
+        return SamplingParams(DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, DEFAULT_MIN_P)
+    return params
 
 
 class Rng:
