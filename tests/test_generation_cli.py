@@ -180,3 +180,29 @@ def test_prompt_too_long_fails_at_call_time(engine):
 
     with pytest.raises(ContextOverflowError, match="context holds 5"):
         generate(engine, prompt="x", ctx=5)  # raised before any iteration
+
+
+def test_cli_dump_logprobs(tmp_path, engine, capsys):
+    import json
+
+    out = tmp_path / "lp.json"
+    assert main(["generate", "--reference", "-p", "Hi", "--nothink", "-n", "3", "--ctx", "128",
+                 "--dump-logprobs", str(out), "--logprobs-top-k", "4"]) == 0
+    d = json.loads(out.read_text(encoding="utf-8"))
+    assert d["source"] == "ds4" and d["top_k"] == 4 and d["ctx"] == 128
+    fin = generate(engine, prompt="Hi", think="none", max_tokens=3, temperature=0, ctx=128, stream=False)
+    assert d["prompt_tokens"] == fin.usage.prompt_tokens
+    assert [s["selected"]["id"] for s in d["steps"]] == list(fin.tokens)[: len(d["steps"])]
+    for s in d["steps"]:
+        tops = s["top_logprobs"]
+        assert len(tops) == 4 and tops[0]["token"]["id"] == s["selected"]["id"]
+        assert all(a["logprob"] >= b["logprob"] for a, b in zip(tops, tops[1:]))
+        assert bytes(s["selected"]["bytes"]) == engine.tokenizer.token_to_bytes(s["selected"]["id"])
+
+
+def test_json_token_text_escapes():
+    from ds4.commands.generate import _json_token_text
+
+    assert _json_token_text(b'a"\\\n\t\x01') == '"a\\"\\\\\\n\\t\\u0001"'
+    assert _json_token_text("é".encode()) == '"é"'  # valid UTF-8 stays as is
+    assert _json_token_text(b"\xc3") == '"\\u00c3"'  # a cut character: bytes escaped

@@ -58,6 +58,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--dump-tokens", action="store_true",
                    help="print the prompt's tokens (id and vocabulary string) and exit; no inference")
+    p.add_argument("--dump-logprobs", default=None, metavar="FILE",
+                   help="greedy continuation writing each step's top logprobs as JSON (upstream's format)")
+    p.add_argument("--logprobs-top-k", type=int, default=20, metavar="N",
+                   help="entries per step for --dump-logprobs (default 20, at most 128)")
     p.set_defaults(func=run)
 
 
@@ -223,6 +227,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dump_tokens:
         return dump_tokens(args, prompt)
     engine = open_engine(args)
+    if args.dump_logprobs is not None:
+        return dump_logprobs(engine, args, prompt)
     bar = ProgressBar(enabled=True if args.progress else None)
     out = StreamPrinter()
     fin = None
@@ -262,4 +268,80 @@ def dump_tokens(args: argparse.Namespace, prompt: str) -> int:
     print("[" + ", ".join(str(i) for i in ids) + "]")
     for i in ids:
         print(f"{i:6d}  {tok.tokens[i]}")
+    return 0
+
+
+def _json_token_text(data: bytes) -> str:
+    """Upstream's JSON string for a token piece: bytes >= 0x80 become \\u00XX when the piece is not
+    valid UTF-8 (the "bytes" array is authoritative)."""
+    try:
+        data.decode("utf-8")
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
+    out = ['"']
+    for c in data:
+        if c in (0x22, 0x5C):
+            out.append("\\" + chr(c))
+        elif c == 0x0A:
+            out.append("\\n")
+        elif c == 0x0D:
+            out.append("\\r")
+        elif c == 0x09:
+            out.append("\\t")
+        elif c < 0x20 or (c >= 0x80 and not valid):
+            out.append(f"\\u{c:04x}")
+        else:
+            out.append(chr(c))
+    out.append('"')
+    text = "".join(out)
+    return text.encode("latin-1").decode("utf-8") if valid else text
+
+
+def _json_token(tok, token: int) -> str:
+    data = tok.token_to_bytes(token)
+    return f'{{"id":{token},"text":{_json_token_text(data)},"bytes":[{",".join(str(b) for b in data)}]}}'
+
+
+def dump_logprobs(engine, args: argparse.Namespace, prompt: str) -> int:
+    """Upstream's ``--dump-logprobs``: greedy steps with the top-k logprobs of each, as JSON, written
+    atomically; stops after the EOS step or when the budget / context runs out."""
+    from ..generation import build_prompt
+    from ..sampling import argmax, top_logprobs
+
+    tok = engine.tokenizer
+    ids = build_prompt(tok, prompt, system=args.system or None, think=args.think, ctx=args.ctx, raw=args.raw)
+    if len(ids) >= args.ctx:
+        raise ContextOverflowError(f"prompt has {len(ids)} tokens, but the context holds {args.ctx}")
+    k = args.logprobs_top_k if args.logprobs_top_k > 0 else 20
+    k = min(k, 128)
+    s = engine.session(ctx=args.ctx)
+    s.sync(ids)
+    room = s.ctx - s.pos
+    budget = 0 if room <= 1 else room - 1
+    if args.max_tokens is not None:
+        budget = min(budget, args.max_tokens)
+    lines = [f'{{\n  "source":"ds4",\n  "prompt_tokens":{len(ids)},\n  "ctx":{args.ctx},\n  "top_k":{k},\n  "steps":[\n']
+    steps = []
+    for step in range(budget):
+        logits = s.logits
+        scores = top_logprobs(logits, k)
+        token = argmax(logits)
+        tops = ",".join(f'{{"token":{_json_token(tok, e.id)},"logit":{e.logit:.9g},"logprob":{e.logprob:.9g}}}'
+                        for e in scores)
+        steps.append(f'    {{"step":{step},"selected":{_json_token(tok, token)},"top_logprobs":[{tops}]}}')
+        if token == tok.special.eos:
+            break
+        s.eval(token)
+    lines.append(",\n".join(steps))
+    lines.append("\n  ]\n}\n")
+    path = args.dump_logprobs
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("".join(lines))
+        os.replace(tmp, path)
+    except OSError as e:
+        raise Ds4IOError(f"{path}: cannot write --dump-logprobs file: {e}") from e
+    print(f"ds4: wrote {len(steps)} steps to {path}", file=sys.stderr)
     return 0
