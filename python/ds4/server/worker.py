@@ -18,6 +18,7 @@ Each job writes its own response through its :class:`Sink` (the client thread wa
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import secrets
@@ -26,16 +27,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..chat import EOS as EOS_TEXT, ToolCall, parse_generated
+import codecs
+
+from ..chat import EOS as EOS_TEXT, DsmlTracker, ToolCall, parse_generated
 from ..errors import Ds4Error
 from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, sample
 from . import shapes
 from .protocol import Request
 from .streams import AnthropicStream, OpenAIChatStream
 from .textscan import (
-    DsmlState,
     ThinkingTracker,
-    dsml_state,
     find_stop,
     observe_tool_markers,
     stop_safe_len,
@@ -177,6 +178,7 @@ class Worker:
         self.seq = 0
         self.stopping = False
         self.jobs_done = 0
+        self.last_result: JobResult | None = None
         self._queue: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -223,6 +225,7 @@ class Worker:
                     job.sink.send(shapes.sse_error(job.req.api, str(e)))
                 job.result = JobResult(error=str(e))
             finally:
+                self.last_result = job.result
                 self.jobs_done += 1
                 job.done.set()
 
@@ -269,8 +272,8 @@ class Worker:
             plan = self.kv.prepare(self.session, req.prompt_text, self.engine, reuse_live=False)
             if plan.source == "disk":
                 return plan.tokens, plan.cached_tokens, "disk-text", plan
-            plan.tokens = req.prompt  # the request's own tokenization (identical text)
-            return req.prompt, 0, "none", plan
+            # the cache tokenized the same text: keep the request's own tokens (identical)
+            return req.prompt, 0, "none", dataclasses.replace(plan, tokens=req.prompt)
         return req.prompt, 0, "none", None
 
     def _sync(self, job: Job, tokens: list[int], cached: int, plan) -> None:
@@ -428,16 +431,18 @@ class Worker:
         wait_think_close = req.thinking and thinking.inside
         saw_start = saw_end = orphan_logged = False
         tool_scan_from = 0
-        dsml = DsmlState.OUTSIDE
+        dsml = DsmlTracker()  # where generation is inside a DSML block (greedy rule, §3.7)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text_str = ""  # append-only decoded view for the tracker
 
         while not self.stopping and completion < max_tokens and s.pos < self.ctx:
-            in_tool = dsml in DsmlState.TOOL
+            in_tool = tools_live and dsml.in_tool
             if self.kv is not None and not (tools_live and (saw_start or in_tool)):
                 self.kv.maybe_store_continued(s, self.engine)
             temperature, top_k, top_p, min_p = req.temperature, req.top_k, req.top_p, req.min_p
             if req.thinking:  # the official API ignores sampling knobs in thinking mode
                 temperature, top_k, top_p, min_p = DEFAULT_TEMPERATURE, 0, DEFAULT_TOP_P, DEFAULT_MIN_P
-            if in_tool and dsml not in DsmlState.PAYLOAD:
+            if in_tool and dsml.greedy:
                 temperature = 0.0
             token = sample(s.logits, temperature, top_k, top_p, min_p, rng)
             if token == eos:
@@ -453,7 +458,8 @@ class Worker:
             text += piece
             thinking.feed(piece)
             if tools_live:
-                dsml = dsml_state(bytes(text))
+                text_str += decoder.decode(piece)
+                dsml.update(text_str)
 
             hit = find_stop(stops, text, stop_scan_from)
             stream_len = hit[0] if hit else stop_safe_len(stops, len(text))

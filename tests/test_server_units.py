@@ -1,0 +1,433 @@
+"""Unit tests of the server's pieces that need no model: byte scanners, request parsing, response
+shapes, SSE projections, and the worker driven by a scripted fake engine (tool calls, stop strings,
+thinking-visible continuation), so the expected outputs are known exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ds4.chat import ToolCall, render
+from ds4.errors import ContextOverflowError
+from ds4.server import Job, RequestError, Sink, ToolMemory, Worker, parse_anthropic, parse_chat, parse_completion
+from ds4.server.streams import AnthropicStream, OpenAIChatStream
+from ds4.server.textscan import (
+    ThinkingTracker,
+    find_stop,
+    observe_tool_markers,
+    stop_safe_len,
+    text_safe_limit,
+    utf8_safe_len,
+)
+from ds4.server import shapes
+from ds4.tokenizer import Tokenizer
+from test_tokenizer_fixtures import tiny_vocab
+
+TC = "<｜DSML｜tool_calls>"
+TC_END = "</｜DSML｜tool_calls>"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    tokens, merges, types = tiny_vocab()
+    return Tokenizer(tokens, merges, types)
+
+
+# ---- textscan ----------------------------------------------------------------------------------
+
+
+@given(st.text(max_size=40), st.data())
+def test_utf8_safe_len_never_splits_a_character(s, data):
+    raw = s.encode()
+    limit = data.draw(st.integers(0, len(raw)))
+    cut = utf8_safe_len(raw, 0, limit)
+    assert cut <= limit
+    raw[:cut].decode("utf-8")  # a whole number of characters
+    assert limit - cut < 4  # only an incomplete trailing character is held back
+    if limit == len(raw):
+        assert cut == limit  # a complete text is released whole
+    assert utf8_safe_len(raw, 0, limit, final=True) == limit
+
+
+def test_stop_helpers():
+    assert find_stop([b"ab", b"c"], b"xxcab", 0) == (2, 1)  # earliest hit wins
+    assert find_stop([b"ab"], b"ab", 1) is None
+    assert stop_safe_len([b"abc"], 10) == 8 and stop_safe_len([b"a"], 10) == 10 and stop_safe_len([], 3) == 3
+    assert stop_safe_len([b"abcdef"], 2) == 0
+
+
+def test_tool_markers_and_text_limit():
+    raw = ("Hello \n\n" + TC).encode()
+    assert observe_tool_markers(raw, 0, False, False) == (True, False, False)
+    done = raw + ("x" + TC_END).encode()
+    assert observe_tool_markers(done, 0, False, False) == (True, True, False)
+    assert observe_tool_markers(b"a </tool_calls>", 0, False, False) == (False, False, True)
+    # whitespace before a tool marker is never content
+    assert text_safe_limit(raw, 0, len(raw), True, False) == len(b"Hello")
+    # with tools a trailing '<' (maybe a marker) and trailing whitespace are held back
+    assert text_safe_limit(b"ab <to", 0, 6, True, False) == 2
+    assert text_safe_limit(b"ab  ", 0, 4, True, False) == 2
+    assert text_safe_limit(b"ab  ", 0, 4, True, True) == 4
+    assert text_safe_limit(b"ab <to", 0, 6, False, False) == 6
+
+
+def test_thinking_tracker():
+    t = ThinkingTracker("<｜User｜>x<｜Assistant｜><think>")
+    assert t.inside
+    for piece in (b"reason </thi", b"nk>answer"):
+        t.feed(piece)
+    assert not t.inside
+    t.feed(b"<thi")
+    t.feed(b"nk>")
+    assert t.inside
+    assert not ThinkingTracker("<｜Assistant｜></think>").inside
+
+
+# ---- request parsing ---------------------------------------------------------------------------
+
+
+def test_parse_chat_defaults_and_knobs(tok):
+    body = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": [{"text": "a"}, "b"]}],
+            "temperature": 0.5, "top_k": 40, "top_p": 0.9, "min_p": 0.1, "seed": 9, "stop": ["", "END"],
+            "max_completion_tokens": 7, "stream": True, "stream_options": {"include_usage": True}}
+    r = parse_chat(json.dumps(body), tok, 4096)
+    assert (r.temperature, r.top_k, r.top_p, r.min_p, r.seed) == (0.5, 40, 0.9, 0.1, 9)
+    assert r.stops == [b"END"] and r.max_tokens == 7 and r.stream and r.include_usage
+    assert r.think == "high" and r.api == "openai" and r.kind == "chat" and not r.has_tools
+    assert r.prompt_text == render([{"role": "system", "content": "S"}, {"role": "user", "content": "ab"}],
+                                   think="high").text
+    assert r.prompt == tok.encode_rendered(r.prompt_text)
+    d = parse_chat(json.dumps({"messages": []}), tok, 4096, default_tokens=5)
+    assert (d.temperature, d.top_p, d.min_p, d.top_k, d.seed, d.max_tokens, d.model) == \
+        (1.0, 1.0, 0.05, 0, 0, 5, "deepseek-v4-flash")
+
+
+@pytest.mark.parametrize("extra, think", [
+    ({}, "high"),
+    ({"thinking": False}, "none"),
+    ({"thinking": {"type": "disabled"}}, "none"),
+    ({"thinking": None}, "high"),
+    ({"think": False}, "none"),
+    ({"reasoning_effort": "none"}, "none"),
+    ({"reasoning_effort": "low"}, "high"),
+    ({"reasoning_effort": "max"}, "high"),  # max needs ctx >= 393216
+    ({"model": "deepseek-chat"}, "none"),
+    ({"model": "deepseek-chat", "thinking": True}, "high"),
+    ({"model": "deepseek-reasoner", "reasoning_effort": "none"}, "none"),
+])
+def test_thinking_controls(tok, extra, think):
+    assert parse_chat(json.dumps({"messages": [], **extra}), tok, 4096).think == think
+
+
+def test_think_max_with_large_context(tok):
+    assert parse_chat(json.dumps({"messages": [], "reasoning_effort": "max"}), tok, 393216).think == "max"
+
+
+def test_tools_are_rendered_byte_exact(tok):
+    raw_fn = '{ "name" : "get",\n  "parameters": {"type":"object"} }'
+    body = '{"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "function", "function": ' + raw_fn + \
+           '}, {"name": "bare"}]}'
+    r = parse_chat(body, tok, 4096)
+    assert r.has_tools
+    assert (raw_fn + '\n{"name": "bare"}') in r.prompt_text
+    off = parse_chat(body[:-1] + ', "tool_choice": "none"}', tok, 4096)
+    assert not off.has_tools and "## Tools" not in off.prompt_text
+
+
+def test_exact_dsml_replay_from_tool_memory(tok):
+    mem = ToolMemory()
+    block = '\n\n' + TC + '<｜DSML｜invoke name="f"></｜DSML｜invoke>' + TC_END  # not the canonical layout
+    mem.remember(["call_a"], block)
+    msgs = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_a", "content": "r"}]
+    r = parse_chat(json.dumps({"messages": msgs}), tok, 4096, tool_memory=mem)
+    assert block + "<｜end▁of▁sentence｜>" in r.prompt_text
+    unknown = json.loads(json.dumps(msgs))
+    unknown[1]["tool_calls"][0]["id"] = "call_b"
+    r2 = parse_chat(json.dumps({"messages": unknown}), tok, 4096, tool_memory=mem)
+    assert block not in r2.prompt_text and TC in r2.prompt_text  # canonical rendering instead
+
+
+def test_parse_completion_and_errors(tok):
+    r = parse_completion('{"prompt": "hi", "think": false}', tok, 4096)
+    assert r.kind == "completion" and r.prompt_text.endswith("hi<｜Assistant｜></think>")
+    assert "You are a helpful assistant<｜User｜>" in r.prompt_text
+    for body, msg in [('{"prompt": "x", "max_tokens": "a"}', "invalid JSON request"), ("{}", "missing prompt"),
+                      ('{"prompt": "x", "stop": [1]}', "invalid JSON request")]:
+        with pytest.raises(RequestError) as e:
+            parse_completion(body, tok, 4096)
+        assert e.value.status == 400 and e.value.message == msg
+
+
+def test_parse_anthropic(tok):
+    body = {"system": "Sys", "max_tokens": 9, "stop_sequences": ["Z"], "thinking": {"type": "enabled"},
+            "messages": [
+                {"content": [{"type": "text", "text": "q"}], "role": "user"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"},
+                                                  {"type": "text", "text": "a"},
+                                                  {"type": "tool_use", "id": "toolu_1", "name": "f",
+                                                   "input": {"x": 1}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                              "content": "out </tool_result>"}]}]}
+    r = parse_anthropic(json.dumps(body), tok, 4096)
+    assert r.api == "anthropic" and r.max_tokens == 9 and r.stops == [b"Z"] and r.think == "high"
+    assert r.prompt_text.startswith("<｜begin▁of▁sentence｜>Sys<｜User｜>q<｜Assistant｜><think>hm</think>a")
+    assert "<tool_result>out &lt;/tool_result></tool_result>" in r.prompt_text
+    assert r.prompt_text.endswith("<｜Assistant｜><think>")
+
+
+# ---- shapes and streams ------------------------------------------------------------------------
+
+
+def test_usage_shapes():
+    u = shapes.Usage(prompt=10, cached=4, completion=3)
+    assert shapes.openai_usage(u) == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+                                      "prompt_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 6}}
+    assert shapes.anthropic_usage(u) == {"input_tokens": 0, "output_tokens": 3, "cache_read_input_tokens": 4,
+                                         "cache_creation_input_tokens": 6}
+    assert shapes.openai_usage(shapes.Usage(5, 9, 0))["prompt_tokens_details"] == {"cached_tokens": 5,
+                                                                                   "cache_write_tokens": 0}
+
+
+def test_anthropic_final_content_order():
+    u = shapes.Usage(3, 0, 2)
+    calls = (ToolCall("f", '{"a": 1}'),)
+    obj = json.loads(shapes.anthropic_final("id1", "m", "", "why", calls, ["toolu_z"], "tool_calls", u))
+    assert obj["content"] == [{"type": "thinking", "thinking": "why", "signature": "id1"},
+                              {"type": "tool_use", "id": "toolu_z", "name": "f", "input": {"a": 1}}]
+    assert obj["stop_reason"] == "tool_use"
+    only_thinking = json.loads(shapes.anthropic_final("id1", "m", "", "why", (), [], "stop", u))
+    assert only_thinking["content"][-1] == {"type": "text", "text": ""}
+    assert json.loads(shapes.anthropic_final("i", "m", "", None, (), [], "length", u))["content"] == \
+        [{"type": "text", "text": ""}]
+
+
+def _collect():
+    sent: list[bytes] = []
+    return sent, (lambda b: sent.append(b) or True)
+
+
+def _chunks(sent):
+    out = []
+    for part in b"".join(sent).decode().split("\n\n"):
+        if part.startswith("data: ") and part != "data: [DONE]":
+            out.append(json.loads(part[6:]))
+    return out
+
+
+RAW = ("<think>step one</think>Answer text.\n\n" + TC + '\n<｜DSML｜invoke name="get">\n'
+       '<｜DSML｜parameter name="city" string="true">Paris &amp; more</｜DSML｜parameter>\n'
+       '</｜DSML｜invoke>\n' + TC_END).encode()
+
+
+@given(st.lists(st.integers(1, len(RAW)), max_size=12))
+def test_openai_stream_projection_any_chunking(cuts):
+    sent, send = _collect()
+    s = OpenAIChatStream(send, "chatcmpl-1", "m", thinking=True, has_tools=True)
+    assert s.start()
+    for c in sorted(cuts):
+        assert s.update(RAW[:c])
+    calls = (ToolCall("get", '{"city": "Paris & more"}'),)
+    assert s.finish(RAW, calls, ["call_1"], "tool_calls", shapes.Usage(5, 0, 9), include_usage=False)
+    chunks = _chunks(sent)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0] == {"role": "assistant"}
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "step one"
+    assert "".join(d.get("content", "") for d in deltas) == "Answer text."
+    tool = [d for d in deltas if "tool_calls" in d]
+    assert tool == [{"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"name": "get", "arguments": '{"city":"Paris & more"}'}}]}]
+    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
+    assert b"".join(sent).endswith(b"data: [DONE]\n\n")
+
+
+def test_anthropic_stream_projection():
+    sent, send = _collect()
+    s = AnthropicStream(send, "chatcmpl-2", "m", thinking=True, has_tools=True)
+    s.start(shapes.Usage(4, 0, 0))
+    for c in range(1, len(RAW) + 1, 7):
+        s.update(RAW[:c])
+    s.finish(RAW, (ToolCall("get", '{"city": "Paris & more"}'),), ["toolu_1"], "tool_calls", 9)
+    events = []
+    for part in b"".join(sent).decode().split("\n\n"):
+        if part:
+            name, data = part.split("\n", 1)
+            events.append((name[len("event: "):], json.loads(data[len("data: "):])))
+    names = [n for n, _ in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    blocks = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
+    assert blocks == ["thinking", "text", "tool_use"]
+    thinking = "".join(d["delta"].get("thinking", "") for n, d in events if n == "content_block_delta")
+    text = "".join(d["delta"].get("text", "") for n, d in events if n == "content_block_delta")
+    assert thinking == "step one" and text == "Answer text."
+    js = [d["delta"]["partial_json"] for n, d in events if d.get("delta", {}).get("type") == "input_json_delta"]
+    assert js == ['{"city":"Paris & more"}']
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+# ---- worker with a scripted engine -------------------------------------------------------------
+
+
+class ScriptSession:
+    """Session double: after each sync the logits spell out ``engine.script`` token by token."""
+
+    def __init__(self, engine, ctx):
+        self.engine, self.ctx = engine, ctx
+        self.tokens: list[int] = []
+        self.base = 0
+        self.evaluated = 0  # tokens evaluated by sync/eval (what reuse saves)
+
+    @property
+    def pos(self):
+        return len(self.tokens)
+
+    def sync(self, tokens, progress=None):
+        tokens = list(tokens)
+        if not tokens or len(tokens) >= self.ctx:
+            raise ContextOverflowError("prompt exceeds context")
+        if self.tokens != tokens[: len(self.tokens)]:
+            self.tokens = []
+        self.evaluated += len(tokens) - len(self.tokens)
+        self.tokens = tokens
+        self.base = len(tokens)
+
+    def eval(self, token):
+        self.tokens.append(int(token))
+        self.evaluated += 1
+
+    def reset(self):
+        self.tokens, self.base = [], 0
+
+    @property
+    def logits(self):
+        i = len(self.tokens) - self.base
+        script = self.engine.script
+        nxt = script[i] if i < len(script) else self.engine.tokenizer.eos
+        out = np.full(self.engine.tokenizer.n_vocab, -20.0, dtype=np.float32)
+        out[nxt] = 20.0
+        return out
+
+
+class ScriptEngine:
+    def __init__(self, tokenizer, text=""):
+        self.tokenizer = tokenizer
+        self.set(text)
+
+    def set(self, text, eos=True):
+        self.script = self.tokenizer.encode_rendered(text) + ([self.tokenizer.eos] if eos else [])
+
+    def session(self, ctx):
+        return ScriptSession(self, ctx)
+
+
+def _run_job(worker, req):
+    sent, send = _collect()
+    job = Job(req, Sink(send))
+    worker.run_job(job)
+    data = b"".join(sent)
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.decode(), body
+
+
+def _chat_req(tok, worker, body):
+    return parse_chat(json.dumps(body), tok, worker.ctx, tool_memory=worker.tools)
+
+
+TOOLS = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
+
+
+def test_tool_call_turn_and_exact_replay(tok):
+    eng = ScriptEngine(tok, "I will look." + RAW.decode()[len("<think>step one</think>Answer text."):]
+                       + "ignored after the block")
+    w = Worker(eng, ctx=4096, default_tokens=200)
+    msgs = [{"role": "user", "content": "Weather?"}]
+    req = _chat_req(tok, w, {"messages": msgs, "tools": TOOLS, "thinking": False, "temperature": 0})
+    head, body = _run_job(w, req)
+    assert head.startswith("HTTP/1.1 200 OK")
+    obj = json.loads(body)
+    choice = obj["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "I will look."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_") and len(call["id"]) == 5 + 32
+    assert call["function"] == {"name": "get", "arguments": '{"city":"Paris & more"}'}
+    # generation stopped at the closing tag: nothing after it was sampled
+    generated = tok.decode_bytes(w.session.tokens[len(req.prompt):]).decode()
+    assert generated.endswith(TC_END) and "ignored" not in generated
+
+    # the next turn replays the call by id: the sampled DSML is rendered verbatim, so the live
+    # session (prompt + generated tokens) is a prefix and only the new turn is evaluated
+    follow = msgs + [{"role": "assistant", "content": "I will look.", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    eng.set("It is sunny.")
+    req2 = _chat_req(tok, w, {"messages": follow, "tools": TOOLS, "thinking": False, "temperature": 0})
+    live = len(w.session.tokens)
+    before = w.session.evaluated
+    head, body = _run_job(w, req2)
+    obj2 = json.loads(body)
+    assert obj2["choices"][0]["message"]["content"] == "It is sunny."
+    assert obj2["choices"][0]["finish_reason"] == "stop"
+    assert obj2["usage"]["prompt_tokens_details"]["cached_tokens"] == live
+    assert w.session.evaluated - before == len(req2.prompt) - live + len(tok.encode_rendered("It is sunny."))
+
+
+def test_unterminated_tool_call_is_an_error(tok):
+    eng = ScriptEngine(tok, "x\n\n" + TC + '\n<｜DSML｜invoke name="get">')
+    w = Worker(eng, ctx=4096, default_tokens=200)
+    req = _chat_req(tok, w, {"messages": [{"role": "user", "content": "q"}], "tools": TOOLS, "thinking": False})
+    _, body = _run_job(w, req)
+    assert json.loads(body)["choices"][0]["finish_reason"] == "error"
+
+
+def test_malformed_tool_block_is_returned_as_text(tok):
+    text = "x\n\n" + TC + "garbage" + TC_END
+    eng = ScriptEngine(tok, text)
+    w = Worker(eng, ctx=4096, default_tokens=200)
+    req = _chat_req(tok, w, {"messages": [{"role": "user", "content": "q"}], "tools": TOOLS, "thinking": False})
+    _, body = _run_job(w, req)
+    choice = json.loads(body)["choices"][0]
+    assert choice["message"]["content"] == text and "tool_calls" not in choice["message"]
+    assert choice["finish_reason"] == "stop"
+
+
+def test_stop_string_resets_session_and_holds_back(tok):
+    eng = ScriptEngine(tok, "alpha beta STOP gamma")
+    w = Worker(eng, ctx=4096, default_tokens=200)
+    req = _chat_req(tok, w, {"messages": [{"role": "user", "content": "q"}], "thinking": False, "stop": "STOP",
+                             "stream": True})
+    _, body = _run_job(w, req)
+    chunks = _chunks([body])
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "alpha beta "
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert w.session.tokens == []  # the KV held tokens past the visible end
+
+
+def test_thinking_visible_continuation(tok):
+    eng = ScriptEngine(tok, "hidden plan</think>Visible answer")
+    w = Worker(eng, ctx=4096, default_tokens=200)
+    msgs = [{"role": "user", "content": "q"}]
+    req = _chat_req(tok, w, {"messages": msgs})
+    _, body = _run_job(w, req)
+    msg = json.loads(body)["choices"][0]["message"]
+    assert msg == {"role": "assistant", "content": "Visible answer", "reasoning_content": "hidden plan"}
+    live = list(w.session.tokens)
+    # the client replays the answer without its reasoning: the rendered prompt drops it, but the
+    # live state (which has it) is kept and only the text after the visible transcript is new
+    follow = msgs + [{"role": "assistant", "content": "Visible answer"}, {"role": "user", "content": "next"}]
+    eng.set("more</think>ok")
+    req2 = _chat_req(tok, w, {"messages": follow})
+    assert not req2.prompt[: len(live)] == live
+    _, body = _run_job(w, req2)
+    obj = json.loads(body)
+    assert obj["usage"]["prompt_tokens_details"]["cached_tokens"] == len(live)
+    assert w.session.tokens[: len(live)] == live
+    visible = req.prompt_text[: -len("<think>")] + "</think>Visible answer<｜end▁of▁sentence｜>"
+    assert req2.prompt_text.startswith(visible)
+    rest = req2.prompt_text[len(visible):]
+    assert obj["usage"]["prompt_tokens"] == len(live) + len(tok.encode_rendered(rest))
