@@ -18,7 +18,7 @@ import pytest
 
 import ds4
 import ds4.testing
-from ds4.chat import render, render_completion
+from ds4.chat import parse_generated, render, render_completion
 from ds4.generation import generate
 from ds4.server import Server, ServerConfig
 
@@ -88,6 +88,12 @@ def _direct(engine, messages, think="none", max_tokens=8, **kw):
                     stream=False, **kw)
 
 
+def _parsed(fin):
+    """The message the server returns for a non-thinking chat turn: its final parser splits at a
+    sampled ``</think>`` even when thinking is off (upstream behaviour, RUNTIME.md §8.2)."""
+    return parse_generated(fin.content, thinking=False)
+
+
 # ---- models, health, routing -------------------------------------------------------------------
 
 
@@ -127,8 +133,9 @@ def test_chat_greedy_matches_direct_generation(server, engine):
     assert choice["index"] == 0 and choice["message"]["role"] == "assistant"
     assert choice["finish_reason"] == "length"
     msgs = [{"role": "user", "content": "Hello"}]
-    direct = _direct(engine, msgs)
+    direct = _parsed(_direct(engine, msgs))
     assert choice["message"]["content"] == direct.content
+    assert choice["message"].get("reasoning_content") == direct.reasoning
     u = obj["usage"]
     n_prompt = len(render(msgs, think="none", tokenizer=engine.tokenizer).tokens)
     assert u["prompt_tokens"] == n_prompt and u["completion_tokens"] == 8 and u["total_tokens"] == n_prompt + 8
@@ -272,6 +279,7 @@ def test_anthropic_messages(server, engine):
     assert obj["stop_reason"] == "max_tokens" and obj["stop_sequence"] is None
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     direct = _direct(engine, msgs, max_tokens=6)
+    assert parse_generated(direct.content, False).reasoning is None  # so the stream equals the message
     assert obj["content"] == [{"type": "text", "text": direct.content}]
     n_prompt = len(render(msgs, think="none", tokenizer=engine.tokenizer).tokens)
     u = obj["usage"]
@@ -368,7 +376,9 @@ def test_bad_http_request(server):
 
 def test_concurrent_requests_are_serialised(server, engine):
     msgs = [[{"role": "user", "content": c}] for c in ("Alpha", "Beta beta", "Gamma")]
-    expected = [_direct(engine, m, max_tokens=10).content for m in msgs]
+    fins = [_direct(engine, m, max_tokens=10) for m in msgs]
+    # non-streamed answers are parsed (a sampled </think> splits them); the stream is raw text
+    expected = [f.content if i == 1 else _parsed(f).content for i, f in enumerate(fins)]
     results: list = [None] * len(msgs)
 
     def worker(i):
@@ -380,7 +390,7 @@ def test_concurrent_requests_are_serialised(server, engine):
         else:
             results[i] = (status, json.loads(data)["choices"][0]["message"]["content"])
 
-    done_before = server.worker.jobs_done
+    started_before = server.worker.jobs_started
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(msgs))]
     for t in threads:
         t.start()
@@ -389,7 +399,7 @@ def test_concurrent_requests_are_serialised(server, engine):
     assert all(not t.is_alive() for t in threads)
     # each answer equals its own solo greedy run: one shared session, so interleaving would show
     assert results == [(200, e) for e in expected]
-    assert server.worker.jobs_done == done_before + len(msgs)
+    assert server.worker.jobs_started == started_before + len(msgs)
 
 
 def _clean_greedy_prompt(engine, n_tokens):

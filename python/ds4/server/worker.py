@@ -177,6 +177,7 @@ class Worker:
         self.tools = tool_memory or ToolMemory()
         self.seq = 0
         self.stopping = False
+        self.jobs_started = 0
         self.jobs_done = 0
         self.last_result: JobResult | None = None
         self._queue: collections.deque[Job] = collections.deque()
@@ -214,6 +215,7 @@ class Worker:
                 if not self._queue:
                     return
                 job = self._queue.popleft()
+                self.jobs_started += 1
             try:
                 job.result = self.run_job(job)
             except Exception as e:  # never let one request kill the worker
@@ -225,7 +227,6 @@ class Worker:
                     job.sink.send(shapes.sse_error(job.req.api, str(e)))
                 job.result = JobResult(error=str(e))
             finally:
-                self.last_result = job.result
                 self.jobs_done += 1
                 job.done.set()
 
@@ -304,6 +305,7 @@ class Worker:
         res = JobResult()
         tokens, cached, source, plan = self._prepare(req)
         res.prompt_tokens, res.cached, res.source = len(tokens), cached, source
+        self.last_result = res  # filled in as the job runs (readable once the response is out)
         usage = shapes.Usage(len(tokens), cached, 0)
         t0 = time.monotonic()
         try:
