@@ -41,6 +41,7 @@ __all__ = [
 def serve(engine, config: ServerConfig | None = None, kv_cache=None) -> int:
     """Run a server until SIGINT/SIGTERM: stop accepting, finish queued jobs, save a shutdown
     checkpoint (with a disk cache), return 0. A second signal exits at once with status 130."""
+    import logging
     import os
     import signal
     import threading
@@ -57,7 +58,9 @@ def serve(engine, config: ServerConfig | None = None, kv_cache=None) -> int:
     try:
         while not stop.wait(0.5):
             pass
+        logging.getLogger("ds4.server").info("ds4-server: stopping (finishing queued requests)")
         srv.stop()
+        logging.getLogger("ds4.server").info("ds4-server: stopped")
     finally:
         for s, h in old.items():
             signal.signal(s, h)
