@@ -3,9 +3,8 @@
 The model writes ``[<think>]reasoning</think>content[\\n\\n<｜DSML｜tool_calls>...]``; clients get
 reasoning deltas, content deltas and tool calls, never the tags (RUNTIME.md §9.6, §8.5). Each
 stream is fed the raw bytes released so far (``raw[:limit]``, already held back for stop strings
-and UTF-8) after every token, and once more with ``final=True``. Tool blocks are not projected live
-here: their calls are sent whole when generation ends (upstream's fallback path, §8.5 "If no call
-was streamed live but calls were parsed, all calls are sent in one delta at the end").
+and UTF-8) after every token, and once more with ``final=True``. A tool block is projected live
+(:mod:`ds4.server.toolstream`); calls the projection did not stream are sent whole at the end.
 """
 
 from __future__ import annotations
@@ -15,12 +14,13 @@ from typing import Callable, Sequence
 from ..chat import ToolCall
 from . import shapes
 from .textscan import THINK_END, THINK_START, find_tool_start, text_safe_limit, utf8_safe_len
+from .toolstream import ToolProjection
 
 __all__ = ["OpenAIChatStream", "AnthropicStream"]
 
 Send = Callable[[bytes], bool]
 
-_THINKING, _TEXT, _SUPPRESS = "thinking", "text", "suppress"
+_THINKING, _TEXT, _TOOL, _SUPPRESS = "thinking", "text", "tool", "suppress"
 
 
 def _text(b: bytes) -> str:
@@ -28,13 +28,18 @@ def _text(b: bytes) -> str:
 
 
 class _Projection:
-    """Shared reasoning/text splitter: yields ("reasoning"|"content"|"close_reasoning", bytes)."""
+    """Shared reasoning/text/tool splitter. ``update`` returns ("reasoning" | "content", bytes),
+    ("close_reasoning" | "close_content", b"") and ("tool", event) items in order.
+    ``tools_on_final``: also start the live tool projection on the final flush (OpenAI does;
+    Anthropic leaves such a late block to its end-of-turn emitter)."""
 
-    def __init__(self, thinking: bool, has_tools: bool) -> None:
+    def __init__(self, thinking: bool, has_tools: bool, tools_on_final: bool) -> None:
         self.mode = _THINKING if thinking else _TEXT
         self.has_tools = has_tools
+        self.tools_on_final = tools_on_final
         self.emit_pos = 0
         self.checked_prefix = False
+        self.tool: ToolProjection | None = None
 
     def update(self, raw: bytes, final: bool) -> list[tuple[str, bytes]]:
         out: list[tuple[str, bytes]] = []
@@ -74,8 +79,19 @@ class _Projection:
             if limit > self.emit_pos:
                 out.append(("content", raw[self.emit_pos:limit]))
                 self.emit_pos = limit
-            if tool >= 0 or final:
+            if tool >= 0:
                 out.append(("close_content", b""))
+                self.emit_pos = tool
+                if not final or self.tools_on_final:
+                    self.tool = ToolProjection(raw, tool)
+                self.mode = _TOOL if self.tool is not None and self.tool.active else _SUPPRESS
+            elif final:
+                out.append(("close_content", b""))
+                self.mode = _SUPPRESS
+        if self.mode == _TOOL:
+            assert self.tool is not None
+            out += [("tool", ev) for ev in self.tool.update(raw)]
+            if not self.tool.active:
                 self.mode = _SUPPRESS
         return out
 
@@ -84,27 +100,47 @@ class OpenAIChatStream:
     """``chat.completion.chunk`` events: role chunk, reasoning_content / content deltas, tool calls
     and the finish chunk, then the optional usage chunk and ``[DONE]``."""
 
-    def __init__(self, send: Send, resp_id: str, model: str, thinking: bool, has_tools: bool) -> None:
+    def __init__(self, send: Send, resp_id: str, model: str, thinking: bool, has_tools: bool,
+                 new_id: Callable[[], str] = lambda: "") -> None:
         self.send, self.id, self.model = send, resp_id, model
-        self.proj = _Projection(thinking, has_tools)
+        self.proj = _Projection(thinking, has_tools, tools_on_final=True)
+        self.new_id = new_id
+        self.tool_ids: list[str] = []  # ids already sent for streamed calls, by index
 
     def start(self) -> bool:
         return self.send(shapes.chat_chunk(self.id, self.model, {"role": "assistant"}))
 
     def update(self, raw: bytes, final: bool = False) -> bool:
         for kind, data in self.proj.update(raw, final):
-            if data and kind in ("reasoning", "content"):
+            if kind == "tool":
+                if not self._tool_event(data):
+                    return False
+            elif data and kind in ("reasoning", "content"):
                 field = "reasoning_content" if kind == "reasoning" else "content"
                 if not self.send(shapes.chat_chunk(self.id, self.model, {field: _text(data)})):
                     return False
         return True
 
+    def _tool_event(self, ev: tuple) -> bool:
+        if ev[0] == "start":
+            _, index, name = ev
+            while len(self.tool_ids) <= index:
+                self.tool_ids.append(self.new_id())
+            call = {"index": index, "id": self.tool_ids[index], "type": "function",
+                    "function": {"name": name, "arguments": ""}}
+        elif ev[0] == "args":
+            call = {"index": ev[1], "function": {"arguments": ev[2]}}
+        else:
+            return True
+        return self.send(shapes.chat_chunk(self.id, self.model, {"tool_calls": [call]}))
+
     def finish(self, raw: bytes, calls: Sequence[ToolCall], ids: Sequence[str], finish: str,
                usage: shapes.Usage, include_usage: bool) -> bool:
+        """End of turn; ``ids`` must start with :attr:`tool_ids` (the calls streamed live)."""
         if not self.update(raw, final=True):
             return False
         out = b""
-        if calls:
+        if calls and not (self.proj.tool is not None and self.proj.tool.emitted_any):
             out += shapes.chat_chunk(self.id, self.model,
                                      {"tool_calls": shapes.openai_tool_calls(calls, ids, self.id, deltas=True)})
         out += shapes.chat_chunk(self.id, self.model, {}, finish)
@@ -117,9 +153,12 @@ class OpenAIChatStream:
 class AnthropicStream:
     """Anthropic ``/v1/messages`` events with a running content-block index."""
 
-    def __init__(self, send: Send, resp_id: str, model: str, thinking: bool, has_tools: bool) -> None:
+    def __init__(self, send: Send, resp_id: str, model: str, thinking: bool, has_tools: bool,
+                 new_id: Callable[[], str] = lambda: "") -> None:
         self.send, self.id, self.model = send, resp_id, model
-        self.proj = _Projection(thinking, has_tools)
+        self.proj = _Projection(thinking, has_tools, tools_on_final=False)
+        self.new_id = new_id
+        self.tool_ids: list[str] = []
         self.index = 0
         self.open: str | None = None
         self.sent_thinking = self.sent_text = False
@@ -168,7 +207,25 @@ class AnthropicStream:
             elif kind in ("close_reasoning", "close_content"):
                 if not self._close():
                     return False
+            elif kind == "tool":
+                if not self._tool_event(data):
+                    return False
         return True
+
+    def _tool_event(self, ev: tuple) -> bool:
+        if ev[0] == "start":
+            _, index, name = ev
+            while len(self.tool_ids) <= index:
+                self.tool_ids.append(self.new_id())
+            self.open = "tool_use"
+            block = {"type": "tool_use", "id": self.tool_ids[index], "name": name, "input": {}}
+            return self.send(shapes.sse_event("content_block_start", {
+                "type": "content_block_start", "index": self.index, "content_block": block}))
+        if ev[0] == "args":
+            return self.send(shapes.sse_event("content_block_delta", {
+                "type": "content_block_delta", "index": self.index,
+                "delta": {"type": "input_json_delta", "partial_json": ev[2]}}))
+        return self._close()
 
     def finish(self, raw: bytes, calls: Sequence[ToolCall], ids: Sequence[str], finish: str, completion: int) -> bool:
         if not self.update(raw, final=True):
@@ -177,7 +234,10 @@ class AnthropicStream:
             if not (self._open("text") and self._close()):
                 return False
         out = b""
+        streamed = self.proj.tool.index if self.proj.tool is not None and self.proj.tool.emitted_any else 0
         for i, (c, cid) in enumerate(zip(calls, ids)):
+            if i < streamed:
+                continue
             use = shapes.anthropic_tool_use(c, cid, self.id, i)
             out += shapes.sse_event("content_block_start", {"type": "content_block_start", "index": self.index,
                                                             "content_block": {**use, "input": {}}})

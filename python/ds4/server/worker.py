@@ -335,11 +335,13 @@ class Worker:
             if sink.failed or not sink.sse_headers():
                 return res
             if req.api == "anthropic":
-                stream_anth = AnthropicStream(sink.send, resp_id, req.model, req.thinking, req.has_tools)
+                stream_anth = AnthropicStream(sink.send, resp_id, req.model, req.thinking, req.has_tools,
+                                              lambda: self._new_ids(1, req.api)[0])
                 if not stream_anth.start(usage):
                     return res
             elif req.kind == "chat":
-                stream_chat = OpenAIChatStream(sink.send, resp_id, req.model, req.thinking, req.has_tools)
+                stream_chat = OpenAIChatStream(sink.send, resp_id, req.model, req.thinking, req.has_tools,
+                                               lambda: self._new_ids(1, req.api)[0])
                 if not stream_chat.start():
                     return res
 
@@ -359,7 +361,9 @@ class Worker:
                 log.warning("ds4-server: invalid tool call returned as assistant text finish=%s", finish)
             if parsed.tool_calls:
                 calls = parsed.tool_calls
-                ids = self._new_ids(len(calls), req.api)
+                live = (stream_chat or stream_anth).tool_ids if (stream_chat or stream_anth) else []
+                ids = list(live[:len(calls)])  # ids already sent while the calls streamed
+                ids += self._new_ids(len(calls) - len(ids), req.api)
                 if parsed.raw_dsml:
                     self.tools.remember(ids, parsed.raw_dsml)
                 finish = "tool_calls"
