@@ -478,3 +478,32 @@ def test_disk_kv_cache_shutdown_and_reload(engine, tmp_path):
         assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": n_prompt, "cache_write_tokens": 0}
         # restored state decodes exactly as a cold prefill would
         assert second["choices"][0]["message"]["content"] == _direct(engine, msgs, max_tokens=3).content
+
+
+def test_disk_cache_keeps_exact_tool_replay_across_restarts(engine, tmp_path):
+    from ds4.kvcache import KVCache
+
+    def cache():
+        return KVCache(tmp_path, min_tokens=8, cold_max_tokens=0, continued_interval=0, fsync=False)
+
+    # a sampled block in a non-canonical layout, as a model may write it
+    block = "\n\n<｜DSML｜tool_calls><｜DSML｜invoke name=\"get\"></｜DSML｜invoke></｜DSML｜tool_calls>"
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_kept", "type": "function", "function": {"name": "get", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_kept", "content": "sunny"}]
+    body = {"messages": msgs, "max_tokens": 0, "thinking": False}
+    with Server(engine, ServerConfig(port=0, ctx=CTX), cache()) as srv:
+        srv.worker.tools.remember(["call_kept"], block)
+        assert post_json(srv, "/v1/chat/completions", body)[0] == 200
+    (kv_file,) = tmp_path.glob("*.kv")
+    assert block.encode() in kv_file.read_bytes()  # in the key text and the KTM trailer
+    with Server(engine, ServerConfig(port=0, ctx=CTX), cache()) as srv:
+        assert len(srv.worker.tools) == 0
+        status, obj = post_json(srv, "/v1/chat/completions", {**body, "max_tokens": 1})
+        assert status == 200
+        # the id was found in the file's tool map, so the prompt rendered the exact block and the
+        # whole prompt came from the disk checkpoint
+        assert srv.worker.tools.lookup(["call_kept"]) == block
+        assert srv.worker.last_result.source == "disk-text"
+        assert obj["usage"]["prompt_tokens_details"]["cache_write_tokens"] == 0

@@ -157,7 +157,11 @@ class Server:
             raise ValueError(f"ctx must be at least 2, got {self.config.ctx}")
         self.tokenizer = engine.tokenizer
         max_ids = self.config.tool_memory_max_ids if self.config.exact_dsml_replay else 0
-        self.worker = Worker(engine, self.config.ctx, self.config.default_tokens, kv_cache, ToolMemory(max_ids))
+        fallback = None
+        if kv_cache is not None and max_ids > 0:
+            fallback = kv_cache.tool_maps  # ids missing from memory may be in a cache file's KTM
+        self.worker = Worker(engine, self.config.ctx, self.config.default_tokens, kv_cache,
+                             ToolMemory(max_ids, fallback))
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False

@@ -121,12 +121,31 @@ class Job:
 
 
 class ToolMemory:
-    """Tool-call id -> the exact sampled DSML block (§8.6), LRU-bounded by id count."""
+    """Tool-call id -> the exact sampled DSML block (§8.6), LRU-bounded by id count.
 
-    def __init__(self, max_ids: int = 100000) -> None:
+    ``fallback(ids) -> {id: dsml bytes}`` is asked for ids not in memory (the disk cache's KTM
+    trailers), so exact replay survives a restart. ``max_ids=0`` disables replay entirely."""
+
+    def __init__(self, max_ids: int = 100000, fallback: Callable[[list[str]], dict] | None = None) -> None:
         self.max_ids = max_ids
+        self.fallback = fallback
         self._map: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def snapshot(self) -> dict[str, bytes]:
+        """All id -> DSML pairs as bytes (for a cache file's KTM trailer)."""
+        with self._lock:
+            return {k: v.encode("utf-8") for k, v in self._map.items()}
+
+    def remember_pairs(self, pairs: dict) -> None:
+        by_block: dict[str, list[str]] = {}
+        for k, v in pairs.items():
+            by_block.setdefault(v.decode("utf-8", "replace") if isinstance(v, bytes) else v, []).append(k)
+        for block, ids in by_block.items():
+            self.remember(ids, block)
 
     def remember(self, ids: list[str], raw_dsml: str) -> None:
         if self.max_ids <= 0:
@@ -146,6 +165,14 @@ class ToolMemory:
         """The block shared by all ``ids`` (all known, all the same block), else None."""
         if not ids or self.max_ids <= 0:
             return None
+        if self.fallback is not None:
+            with self._lock:
+                missing = [i for i in ids if i not in self._map]
+            if missing:
+                try:
+                    self.remember_pairs(self.fallback(missing))
+                except Exception as e:  # a disk problem only costs exact replay
+                    log.warning("ds4-server: tool memory restore failed: %s", e)
         with self._lock:
             blocks = {self._map.get(i) for i in ids}
             for i in ids:
@@ -174,7 +201,7 @@ class Worker:
         self.ctx = ctx
         self.default_tokens = default_tokens
         self.kv = kv_cache
-        self.tools = tool_memory or ToolMemory()
+        self.tools = tool_memory if tool_memory is not None else ToolMemory()
         self.seq = 0
         self.stopping = False
         self.jobs_started = 0
@@ -234,9 +261,22 @@ class Worker:
         """Save the live state as a "shutdown" checkpoint (disk cache only)."""
         if self.kv is not None:
             try:
-                self.kv.shutdown(self.session, self.engine)
+                self.kv.shutdown(self.session, self.engine, **self._store_kw(visible=True))
             except Ds4Error as e:
                 log.warning("ds4-server: shutdown kv store failed: %s", e)
+
+    def _store_kw(self, visible: bool = False) -> dict:
+        """Extra arguments for a disk-cache store: the tool map, and for evict/shutdown stores at
+        the remembered thinking frontier the client-visible transcript as the key."""
+        from ..kvcache_format import EXT_THINKING_VISIBLE
+
+        kw: dict = {}
+        if self.tools.max_ids > 0 and len(self.tools):
+            kw["tool_map"] = self.tools.snapshot()
+        tl = self._thinking_live
+        if visible and tl is not None and tl[1] == self.session.pos:
+            kw.update(text=tl[0], ext_flags=EXT_THINKING_VISIBLE)
+        return kw
 
     # ---- cache decision (§9.7) --------------------------------------------------------------------
     def _token_bytes(self, tokens: list[int]) -> bytes:
@@ -270,7 +310,14 @@ class Worker:
                     return tokens, old_pos, "memory-text", None
             log.info("ds4-server: live kv cache miss live=%d prompt=%d", old_pos, len(req.prompt))
         if self.kv is not None:
+            # Save the live state before a disk hit or a cold prefill replaces it (evict), with the
+            # tool map and, at a thinking frontier, the visible transcript as key (§7.2, §7.4).
+            if old_pos >= self.kv.min_tokens:
+                self.kv.store(self.session, "evict", self.engine, **self._store_kw(visible=True))
+            self.session.reset()
             plan = self.kv.prepare(self.session, req.prompt_text, self.engine, reuse_live=False)
+            if plan.tool_map and self.tools.max_ids > 0:
+                self.tools.remember_pairs(plan.tool_map)
             if plan.source == "disk":
                 return plan.tokens, plan.cached_tokens, "disk-text", plan
             # the cache tokenized the same text: keep the request's own tokens (identical)
@@ -295,7 +342,7 @@ class Worker:
             from ..kvcache import PreparedPrompt
             if plan is None:
                 plan = PreparedPrompt(tokens, cached, "memory")
-            self.kv.sync(self.session, plan, self.engine)
+            self.kv.sync(self.session, plan, self.engine, **self._store_kw())
         else:
             self.session.sync(tokens, progress=progress)
 
@@ -443,8 +490,9 @@ class Worker:
 
         while not self.stopping and completion < max_tokens and s.pos < self.ctx:
             in_tool = tools_live and dsml.in_tool
-            if self.kv is not None and not (tools_live and (saw_start or in_tool)):
-                self.kv.maybe_store_continued(s, self.engine)
+            if (self.kv is not None and not (tools_live and (saw_start or in_tool))
+                    and self.kv.continued_target(s.pos)):
+                self.kv.maybe_store_continued(s, self.engine, **self._store_kw())
             temperature, top_k, top_p, min_p = req.temperature, req.top_k, req.top_p, req.min_p
             if req.thinking:  # the official API ignores sampling knobs in thinking mode
                 temperature, top_k, top_p, min_p = DEFAULT_TEMPERATURE, 0, DEFAULT_TOP_P, DEFAULT_MIN_P
