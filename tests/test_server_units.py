@@ -534,3 +534,27 @@ def test_streamed_tool_call_ids_are_remembered_for_replay(tok):
     assert all(i.startswith("call_") for i in ids) and len(set(ids)) == 2
     # the ids the client saw map to the exact sampled block
     assert w.tools.lookup(ids) == TWO_CALLS.decode()[len("Let me check."):]
+
+
+def test_canonical_checkpoint_without_exact_replay(tok):
+    # a block in a layout the canonical renderer would not write (no newlines, one call)
+    sampled = "\n\n" + TC + '<｜DSML｜invoke name="get"><｜DSML｜parameter name="city" string="true">Rome' \
+              '</｜DSML｜parameter></｜DSML｜invoke>' + TC_END
+    eng = ScriptEngine(tok, "Checking." + sampled)
+    w = Worker(eng, ctx=4096, default_tokens=400, tool_memory=ToolMemory(0))  # replay disabled
+    msgs = [{"role": "user", "content": "Weather?"}]
+    req = _chat_req(tok, w, {"messages": msgs, "tools": TOOLS, "thinking": False})
+    _, body = _run_job(w, req)
+    call = json.loads(body)["choices"][0]["message"]["tool_calls"][0]
+    follow = msgs + [{"role": "assistant", "content": "Checking.", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    req2 = _chat_req(tok, w, {"messages": follow, "tools": TOOLS, "thinking": False})
+    assert sampled not in req2.prompt_text  # rendered canonically
+    # the live state was rewritten to the canonical transcript (through the turn's EOS) ...
+    assert req2.prompt[: len(w.session.tokens)] == w.session.tokens
+    assert tok.decode_bytes(w.session.tokens).decode().endswith("</｜DSML｜tool_calls><｜end▁of▁sentence｜>")
+    # ... so the next turn reuses all of it
+    eng.set("ok")
+    live = len(w.session.tokens)
+    _, body = _run_job(w, req2)
+    assert json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"] == live

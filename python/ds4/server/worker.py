@@ -183,6 +183,20 @@ class ToolMemory:
         return blocks.pop()
 
 
+class _ProgressSession:
+    """The live session with a progress callback on every ``sync`` (the disk cache syncs in
+    steps and knows nothing about keep-alives)."""
+
+    def __init__(self, session, progress) -> None:
+        self._s, self._progress = session, progress
+
+    def sync(self, tokens, progress=None) -> None:
+        self._s.sync(tokens, progress=progress or self._progress)
+
+    def __getattr__(self, name: str):
+        return getattr(self._s, name)
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -342,7 +356,7 @@ class Worker:
             from ..kvcache import PreparedPrompt
             if plan is None:
                 plan = PreparedPrompt(tokens, cached, "memory")
-            self.kv.sync(self.session, plan, self.engine, **self._store_kw())
+            self.kv.sync(_ProgressSession(self.session, progress), plan, self.engine, **self._store_kw())
         else:
             self.session.sync(tokens, progress=progress)
 
@@ -442,9 +456,41 @@ class Worker:
                                                  finish, usage))
         else:
             sink.response(200, shapes.completion_final(resp_id, req.model, final_text, finish, usage))
+        if calls and self.tools.max_ids <= 0 and req.kind == "chat":
+            self._canonicalize(req, content or "", reasoning, calls)
         log.info("ds4-server: %s gen=%d finish=%s%s %.3fs", req.kind, completion, finish,
                  f' error="{err}"' if err else "", time.monotonic() - t0)
         return res
+
+    def _canonicalize(self, req: Request, content: str, reasoning: str | None, calls) -> None:
+        """Without exact DSML replay the next request renders these calls canonically (§8.7):
+        make the live state hold that canonical transcript so the next turn reuses it."""
+        from ..chat import render_tool_calls
+
+        suffix = ((reasoning or "") + "</think>" if req.thinking else "") + content
+        suffix += render_tool_calls([(c.name, c.arguments) for c in calls]) + EOS_TEXT
+        rendered = req.prompt_text + suffix
+        canonical = list(self.tok.encode_rendered(rendered))
+        live = self.session.tokens
+        if live == canonical or self._token_bytes(live) == rendered.encode("utf-8"):
+            return
+        common = _common_prefix(live, canonical)
+        if common < len(req.prompt):
+            log.info("ds4-server: tool checkpoint canonicalization skipped: common=%d prompt=%d", common,
+                     len(req.prompt))
+            return
+        try:
+            if common == len(live) or self.kv is None:
+                self.session.sync(canonical)  # extends in place, or rebuilds from scratch
+            else:
+                self.session.reset()
+                plan = self.kv.prepare(self.session, rendered, self.engine, reuse_live=False)
+                self.kv.sync(self.session, plan, self.engine, **self._store_kw())
+            log.info("ds4-server: tool checkpoint canonicalized common=%d live=%d canonical=%d", common,
+                     len(live), len(canonical))
+        except Ds4Error as e:
+            log.warning("ds4-server: tool checkpoint canonicalization failed: %s", e)
+            self.session.reset()
 
     @staticmethod
     def _inside_think(req: Request, text: bytes) -> bool:
