@@ -507,3 +507,20 @@ def test_disk_cache_keeps_exact_tool_replay_across_restarts(engine, tmp_path):
         assert srv.worker.tools.lookup(["call_kept"]) == block
         assert srv.worker.last_result.source == "disk-text"
         assert obj["usage"]["prompt_tokens_details"]["cache_write_tokens"] == 0
+
+
+def test_stream_sends_headers_and_keepalives_during_prefill(monkeypatch):
+    import ds4.server.worker as worker_mod
+
+    monkeypatch.setattr(worker_mod, "KEEPALIVE_SECONDS", 0.0)  # a comment after every prefill chunk
+    eng = ds4.Engine(ds4.testing.default_model_path(), threads=1, prefill_chunk=16)
+    with Server(eng, ServerConfig(port=0, ctx=CTX)) as srv:
+        body = _chat(content="word " * 60, max_tokens=2, stream=True)
+        status, _, data = post(srv, "/v1/chat/completions", body)
+    assert status == 200
+    text = data.decode()
+    assert text.startswith(": prefill\n\n")  # keep-alive comments come before the first event
+    assert text.count(": prefill\n\n") >= 2
+    events = sse_events(data)
+    assert json.loads(events[0][1])["choices"][0]["delta"] == {"role": "assistant"}
+    assert events[-1][1] == "[DONE]"
