@@ -524,3 +524,19 @@ def test_stream_sends_headers_and_keepalives_during_prefill(monkeypatch):
     events = sse_events(data)
     assert json.loads(events[0][1])["choices"][0]["delta"] == {"role": "assistant"}
     assert events[-1][1] == "[DONE]"
+
+
+def test_responses_endpoint(server, engine):
+    body = {"input": "Hello", "max_output_tokens": 6, "temperature": 0, "reasoning": {"effort": "none"}}
+    status, _, data = post(server, "/v1/responses", body)
+    assert status == 200
+    obj = json.loads(data)
+    assert obj["object"] == "response" and obj["status"] == "incomplete"
+    assert obj["incomplete_details"] == {"reason": "max_tokens"}
+    direct = _parsed(_direct(engine, [{"role": "user", "content": "Hello"}], max_tokens=6))
+    texts = [o["content"][0]["text"] for o in obj["output"] if o["type"] == "message"]
+    assert texts == ([direct.content] if direct.content else [])
+    assert obj["usage"]["output_tokens"] == 6 and obj["usage"]["total_tokens"] == obj["usage"]["input_tokens"] + 6
+    status, _, data = post(server, "/v1/responses", {"input": "x " * 600})
+    err = json.loads(data)["error"]
+    assert status == 400 and err["param"] == "input" and err["code"] == "context_length_exceeded"

@@ -558,3 +558,105 @@ def test_canonical_checkpoint_without_exact_replay(tok):
     live = len(w.session.tokens)
     _, body = _run_job(w, req2)
     assert json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"] == live
+
+
+# ---- Responses API -----------------------------------------------------------------------------
+
+from ds4.server.responses import parse_responses  # noqa: E402
+
+RESP_TOOLS = [{"type": "function", "name": "get", "parameters": {"type": "object"}}]
+
+
+def _resp_req(tok, w, body):
+    return parse_responses(json.dumps(body), tok, w.ctx, tool_memory=w.tools)
+
+
+def test_responses_parse_items(tok):
+    body = {"instructions": "Be terse.", "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "need tool"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get", "arguments": "{\"city\": \"Rome\"}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"type": "compaction", "id": "cmp"}]}
+    r = parse_responses(json.dumps(body), tok, 4096)
+    assert r.api == "responses" and r.kind == "chat" and r.context_param == "input"
+    expected = render([{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Weather?"},
+                       {"role": "assistant", "content": "Checking.", "reasoning_content": "need tool",
+                        "tool_calls": [{"id": "call_1", "function": {"name": "get", "arguments": '{"city": "Rome"}'}}]},
+                       {"role": "tool", "content": "sunny"}], think="high").text
+    assert r.prompt_text == expected  # assistant text + call merged into one turn, reasoning attached
+    assert parse_responses('{"input": "hi", "reasoning": {"effort": "none"}}', tok, 4096).think == "none"
+    s = parse_responses('{"input": "hi", "reasoning": {"summary": "auto"}}', tok, 4096)
+    assert s.reasoning_summary and s.think == "high"
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"model": "x"}, "missing input"),
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id is not supported; replay full input instead"),
+    ({"input": "x", "conversation": "c"}, "conversation is not supported; replay full input instead"),
+    ({"input": "x", "tool_choice": "required"}, "tool_choice=required not supported"),
+    ({"input": "x", "tool_choice": {"type": "function", "name": "f"}}, "forced tool_choice not supported"),
+    ({"input": [{"type": "message", "role": "user", "content": "x", "status": "in_progress"}]}, "invalid JSON request"),
+    ({"input": [{"type": "mystery"}]}, "invalid JSON request"),
+    ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]},
+     "Responses continuation state is not available for call_id call_9; retry by replaying the full input history"),
+])
+def test_responses_parse_errors(tok, body, message):
+    with pytest.raises(RequestError) as e:
+        parse_responses(json.dumps(body), tok, 4096)
+    assert e.value.status == 400 and e.value.message == message
+
+
+def test_responses_tool_turn_and_visible_continuation(tok):
+    sampled = "\n\n" + TC + '<｜DSML｜invoke name="get"><｜DSML｜parameter name="city" string="true">Rome' \
+              '</｜DSML｜parameter></｜DSML｜invoke>' + TC_END
+    eng = ScriptEngine(tok, "hidden plan</think>Checking." + sampled)
+    w = Worker(eng, ctx=4096, default_tokens=400)
+    first = [{"type": "message", "role": "user", "content": "Weather?"}]
+    req = _resp_req(tok, w, {"input": first, "tools": RESP_TOOLS, "reasoning": {"summary": "auto"}})
+    _, body = _run_job(w, req)
+    obj = json.loads(body)
+    assert obj["object"] == "response" and obj["status"] == "completed" and obj["id"].startswith("resp_")
+    kinds = [o["type"] for o in obj["output"]]
+    assert kinds == ["reasoning", "message", "function_call"]
+    assert obj["output"][0]["summary"] == [{"type": "summary_text", "text": "hidden plan"}]
+    assert obj["output"][1]["content"][0]["text"] == "Checking."
+    fc = obj["output"][2]
+    assert fc["name"] == "get" and fc["arguments"] == '{"city":"Rome"}' and fc["call_id"].startswith("call_")
+    assert obj["usage"]["output_tokens_details"] == {"reasoning_tokens": 0}
+    live = list(w.session.tokens)
+    # the client replays visible items (with the reasoning summary, as it opted in) + the tool output
+    follow = first + [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "hidden plan"}]},
+                      {"type": "message", "role": "assistant", "content": "Checking."},
+                      {"type": "function_call", "call_id": fc["call_id"], "name": "get", "arguments": fc["arguments"]},
+                      {"type": "function_call_output", "call_id": fc["call_id"], "output": "sunny"}]
+    eng.set("ok</think>Sunny.")
+    req2 = _resp_req(tok, w, {"input": follow, "tools": RESP_TOOLS, "reasoning": {"summary": "auto"}})
+    _, body = _run_job(w, req2)
+    obj2 = json.loads(body)
+    assert w.last_result.source in ("responses-visible", "memory-token")
+    assert obj2["usage"]["input_tokens_details"]["cached_tokens"] == len(live)
+    assert [o["type"] for o in obj2["output"]] == ["reasoning", "message"]
+
+
+def test_responses_stream_events(tok):
+    eng = ScriptEngine(tok, "think</think>Answer." + "\n\n" + TC + '<｜DSML｜invoke name="get"></｜DSML｜invoke>' + TC_END)
+    w = Worker(eng, ctx=4096, default_tokens=400)
+    req = _resp_req(tok, w, {"input": "q", "tools": RESP_TOOLS, "stream": True, "reasoning": {"summary": "auto"}})
+    _, body = _run_job(w, req)
+    events = [json.loads(p[6:]) for p in body.decode().split("\n\n") if p.startswith("data: ")]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert all(list(e)[:2] == ["type", "sequence_number"] for e in events)
+    types = [e["type"] for e in events]
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    assert types.count("response.output_item.added") == types.count("response.output_item.done") == 3
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert deltas == "Answer."
+    reasoning = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta")
+    assert reasoning == "think"
+    final = events[-1]["response"]
+    assert [o["type"] for o in final["output"]] == ["reasoning", "message", "function_call"]
+    assert final["output"][0]["status"] == "completed"  # </think> was seen
+    args = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert args and args[0]["name"] == "get" and args[0]["arguments"] == "{}"

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import shapes
 from .protocol import DEFAULT_MAX_TOKENS, RequestError, parse_anthropic, parse_chat, parse_completion
+from .responses import parse_responses
 from .worker import Job, Sink, ToolMemory, Worker
 
 __all__ = ["ServerConfig", "Server"]
@@ -32,6 +33,7 @@ _PARSERS = {
     "/v1/chat/completions": parse_chat,
     "/v1/completions": parse_completion,
     "/v1/messages": parse_anthropic,
+    "/v1/responses": parse_responses,
 }
 
 

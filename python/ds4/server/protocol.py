@@ -69,6 +69,7 @@ class Request:
     stops: list[bytes] = field(default_factory=list)
     has_tools: bool = False
     preserves_reasoning: bool = False  # the prompt re-renders prior reasoning (tool context)
+    reasoning_summary: bool = False  # Responses: the client opted into reasoning summaries
 
     @property
     def thinking(self) -> bool:
@@ -76,6 +77,8 @@ class Request:
 
     @property
     def context_param(self) -> str:
+        if self.api == "responses":
+            return "input"
         return "prompt" if self.kind == "completion" else "messages"
 
 

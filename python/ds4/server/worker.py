@@ -34,6 +34,7 @@ from ..errors import Ds4Error
 from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, sample
 from . import shapes
 from .protocol import Request
+from .responses import ResponsesStream, responses_final
 from .streams import AnthropicStream, OpenAIChatStream
 from .textscan import (
     ThinkingTracker,
@@ -225,6 +226,7 @@ class Worker:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._thinking_live: tuple[bytes, int] | None = None  # (visible transcript, live position)
+        self._responses_live: tuple[bytes, int] | None = None  # same, after a Responses turn
 
     # ---- queue ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -308,10 +310,16 @@ class Worker:
         live = self.session.tokens
         old_pos = len(live)
         prompt_bytes = req.prompt_text.encode("utf-8")
+        rl = self._responses_live
+        if (old_pos and rl is not None and req.api == "responses" and rl[1] == old_pos
+                and len(rl[0]) < len(prompt_bytes) and prompt_bytes.startswith(rl[0])):
+            tokens = self._extend(live, prompt_bytes[len(rl[0]):])
+            if tokens is not None:
+                return tokens, old_pos, "responses-visible", None
         if old_pos and _common_prefix(live, req.prompt) == old_pos and len(req.prompt) >= old_pos:
             return req.prompt, old_pos, "memory-token", None
         tl = self._thinking_live
-        if (old_pos and tl is not None and req.kind == "chat" and tl[1] == old_pos
+        if (old_pos and tl is not None and req.kind == "chat" and req.api != "responses" and tl[1] == old_pos
                 and len(tl[0]) < len(prompt_bytes) and prompt_bytes.startswith(tl[0])):
             tokens = self._extend(live, prompt_bytes[len(tl[0]):])
             if tokens is not None:
@@ -386,16 +394,22 @@ class Worker:
             return res
         if source != "thinking-visible":
             self._thinking_live = None
+        if source != "responses-visible":
+            self._responses_live = None
         log.info("ds4-server: %s prompt=%d cached=%d source=%s prefill %.3fs", req.kind, len(tokens), cached,
                  source, time.monotonic() - t0)
 
         self.seq += 1
         resp_id = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{self.seq}"
-        stream_chat = stream_anth = None
+        stream_chat = stream_anth = stream_resp = None
         if req.stream:
             if sink.failed or not sink.sse_headers():
                 return res
-            if req.api == "anthropic":
+            if req.api == "responses":
+                stream_resp = ResponsesStream(sink.send, req)
+                if not stream_resp.start():
+                    return res
+            elif req.api == "anthropic":
                 stream_anth = AnthropicStream(sink.send, resp_id, req.model, req.thinking, req.has_tools,
                                               lambda: self._new_ids(1, req.api)[0])
                 if not stream_anth.start(usage):
@@ -406,30 +420,36 @@ class Worker:
                 if not stream_chat.start():
                     return res
 
-        text, finish, completion, err = self._decode(req, sink, resp_id, stream_chat, stream_anth)
+        text, finish, completion, err = self._decode(req, sink, resp_id, stream_chat or stream_resp, stream_anth)
         res.text, res.completion = text, completion
         usage = shapes.Usage(len(tokens), cached, completion)
 
         content = reasoning = None
+        recovered = False
+        raw_dsml = None
         calls: tuple[ToolCall, ...] = ()
         ids: list[str] = []
         final_text = text.decode("utf-8", errors="replace")
         if req.kind == "chat":
             parsed = parse_generated(final_text, req.thinking)
             content, reasoning = parsed.content, parsed.reasoning
+            raw_dsml = parsed.raw_dsml
             if not parsed.ok and req.has_tools and finish != "error":
+                recovered = True
                 finish = "length" if finish == "length" else "stop"
                 log.warning("ds4-server: invalid tool call returned as assistant text finish=%s", finish)
             if parsed.tool_calls:
                 calls = parsed.tool_calls
                 live = (stream_chat or stream_anth).tool_ids if (stream_chat or stream_anth) else []
+                if req.api == "responses":
+                    live = []
                 ids = list(live[:len(calls)])  # ids already sent while the calls streamed
                 ids += self._new_ids(len(calls) - len(ids), req.api)
                 if parsed.raw_dsml:
                     self.tools.remember(ids, parsed.raw_dsml)
                 finish = "tool_calls"
                 self._thinking_live = None
-            elif (not req.has_tools and not req.preserves_reasoning and req.thinking
+            elif (req.api != "responses" and not req.has_tools and not req.preserves_reasoning and req.thinking
                   and finish not in ("error", "length") and not self._inside_think(req, text)
                   and req.prompt_text.endswith("<think>")):
                 visible = req.prompt_text[:-len("<think>")] + "</think>" + (content or "") + EOS_TEXT
@@ -437,9 +457,13 @@ class Worker:
             else:
                 self._thinking_live = None
         res.finish, res.calls, res.error = finish, calls, err
+        if req.api == "responses":
+            self._remember_responses(req, finish, content or "", reasoning, calls, raw_dsml)
 
         if req.stream:
-            if stream_anth is not None:
+            if stream_resp is not None:
+                stream_resp.finish(text, recovered, calls, ids, finish, usage)
+            elif stream_anth is not None:
                 stream_anth.finish(text, calls, ids, finish, completion)
             elif stream_chat is not None:
                 stream_chat.finish(text, calls, ids, finish, usage, req.include_usage)
@@ -448,6 +472,8 @@ class Worker:
                 if req.include_usage:
                     out += shapes.usage_chunk(resp_id, req.model, "completion", usage)
                 sink.send(out + b"data: [DONE]\n\n")
+        elif req.api == "responses":
+            sink.response(200, responses_final(req, content or "", reasoning, calls, ids, finish, usage))
         elif req.api == "anthropic":
             sink.response(200, shapes.anthropic_final(resp_id, req.model, content or "", reasoning, calls, ids,
                                                       finish, usage))
@@ -456,11 +482,27 @@ class Worker:
                                                  finish, usage))
         else:
             sink.response(200, shapes.completion_final(resp_id, req.model, final_text, finish, usage))
-        if calls and self.tools.max_ids <= 0 and req.kind == "chat":
+        if calls and self.tools.max_ids <= 0 and req.kind == "chat" and req.api != "responses":
             self._canonicalize(req, content or "", reasoning, calls)
         log.info("ds4-server: %s gen=%d finish=%s%s %.3fs", req.kind, completion, finish,
                  f' error="{err}"' if err else "", time.monotonic() - t0)
         return res
+
+    def _remember_responses(self, req: Request, finish: str, content: str, reasoning: str | None, calls,
+                            raw_dsml: str | None) -> None:
+        """After a Responses turn, remember the transcript a client replaying it will render, at
+        the live position (§9.7 responses-visible): the hidden reasoning stays in the KV."""
+        from ..chat import render_tool_calls
+
+        if finish in ("error", "length") or not self.session.pos:
+            self._responses_live = None
+            return
+        suffix = ""
+        if req.thinking:
+            suffix = (reasoning or "" if req.reasoning_summary and calls else "") + "</think>"
+        replay = raw_dsml if self.tools.max_ids > 0 else None
+        suffix += content + render_tool_calls([(c.name, c.arguments) for c in calls], replay) + EOS_TEXT
+        self._responses_live = ((req.prompt_text + suffix).encode("utf-8"), self.session.pos)
 
     def _canonicalize(self, req: Request, content: str, reasoning: str | None, calls) -> None:
         """Without exact DSML replay the next request renders these calls canonically (§8.7):
