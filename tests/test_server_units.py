@@ -660,3 +660,40 @@ def test_responses_stream_events(tok):
     assert final["output"][0]["status"] == "completed"  # </think> was seen
     args = [e for e in events if e["type"] == "response.function_call_arguments.done"]
     assert args and args[0]["name"] == "get" and args[0]["arguments"] == "{}"
+
+
+# ---- robustness: any JSON body either parses or is a clean 400 ---------------------------------
+
+_KEYS = ["messages", "prompt", "input", "model", "max_tokens", "max_completion_tokens", "max_output_tokens",
+         "temperature", "top_p", "top_k", "min_p", "seed", "stream", "stream_options", "thinking", "think",
+         "reasoning_effort", "reasoning", "stop", "stop_sequences", "tools", "tool_choice", "system",
+         "instructions", "role", "content", "type", "text", "tool_calls", "function", "name", "arguments",
+         "call_id", "output", "status", "summary", "tool_use_id", "input_text", "effort", "id"]
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12) | st.sampled_from(["user", "assistant", "tool", "system", "message", "function_call",
+                                              "function_call_output", "tool_use", "tool_result", "none", "auto",
+                                              "enabled", "disabled", "high", "max", "text"]),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.sampled_from(_KEYS), children, max_size=5),
+    max_leaves=25,
+)
+
+
+@given(st.dictionaries(st.sampled_from(_KEYS), _json_values, max_size=8))
+def test_parsers_never_crash(tok, body):
+    text = json.dumps(body)
+    for parse in (parse_chat, parse_completion, parse_anthropic, parse_responses):
+        try:
+            r = parse(text, tok, 4096)
+        except RequestError as e:
+            assert e.status == 400 and e.message
+        else:
+            assert r.prompt == tok.encode_rendered(r.prompt_text)
+            assert r.max_tokens == int(r.max_tokens)
+
+
+def test_lone_surrogate_is_a_clean_error(tok):
+    body = '{"messages": [{"role": "user", "content": "\\ud800"}]}'
+    with pytest.raises(RequestError) as e:
+        parse_chat(body, tok, 4096)
+    assert e.value.status == 400

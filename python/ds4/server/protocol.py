@@ -15,6 +15,7 @@ from json.decoder import scanstring
 from typing import Any, Mapping
 
 from ..chat import render, render_completion, think_mode_for_context
+from ..errors import Ds4Error
 
 __all__ = [
     "MODEL_ID",
@@ -297,7 +298,10 @@ def _attach_replay(messages: list[dict], tool_memory) -> None:
 
 def _finish(req: Request, messages: list[dict], schemas: str, tokenizer, tool_memory=None) -> Request:
     _attach_replay(messages, tool_memory)
-    r = render(messages, tools=schemas or None, think=req.think, ctx=None, tokenizer=tokenizer)
+    try:
+        r = render(messages, tools=schemas or None, think=req.think, ctx=None, tokenizer=tokenizer)
+    except Ds4Error as e:  # e.g. a lone surrogate from a JSON escape cannot be tokenized
+        raise RequestError(400, f"invalid request text: {e}") from None
     req.prompt_text = r.text
     req.prompt = list(r.tokens or [])
     req.preserves_reasoning = _tool_context(messages, schemas)
@@ -382,7 +386,10 @@ def parse_completion(body: bytes | str, tokenizer, ctx: int, default_tokens: int
         p = next((x for x in p if isinstance(x, str)), "")
     prompt = p if isinstance(p, str) else ""
     req.think = common.think_mode(req.model, ctx)
-    r = render_completion(prompt, think=req.think, tokenizer=tokenizer)
+    try:
+        r = render_completion(prompt, think=req.think, tokenizer=tokenizer)
+    except Ds4Error as e:
+        raise RequestError(400, f"invalid request text: {e}") from None
     req.prompt_text, req.prompt = r.text, list(r.tokens or [])
     return req
 
