@@ -119,6 +119,8 @@ def test_unknown_endpoint_and_options(server):
     assert status == 404
     status, _, data = _request(server.url + "/v1/chat/completions", method="OPTIONS")
     assert status == 204 and data == b""
+    status, _, data = _request(server.url + "/v1/models", method="DELETE")
+    assert status == 404 and json.loads(data)["error"]["message"] == "unknown endpoint"
 
 
 # ---- chat completions --------------------------------------------------------------------------

@@ -65,3 +65,10 @@ def test_serve_bad_flag_exits_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ds4.cli", "serve", "--ctx", "0"], capture_output=True, text=True,
                        env=env, timeout=DEADLINE)
     assert r.returncode == 2 and "--ctx" in r.stderr
+
+
+def test_serve_unavailable_backend_exits_2(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    r = subprocess.run([sys.executable, "-m", "ds4.cli", "serve", "--metal", "--port", "0"], capture_output=True,
+                       text=True, env=env, timeout=DEADLINE)
+    assert r.returncode == 2 and "metal" in r.stderr

@@ -69,6 +69,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _sink(self) -> Sink:
         return Sink(self.wfile.write, self.server.ds4.config.cors)
 
+    def _unknown(self) -> None:
+        self.close_connection = True
+        self._sink().error(404, "unknown endpoint")
+
+    do_PUT = do_DELETE = do_PATCH = do_HEAD = _unknown
+
     def do_OPTIONS(self) -> None:
         self.close_connection = True
         self._sink().response(204, b"", None)
