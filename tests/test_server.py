@@ -100,6 +100,7 @@ def _parsed(fin):
 def test_models(server):
     status, headers, data = _request(server.url + "/v1/models")
     assert status == 200 and headers["Connection"] == "close"
+    assert "Access-Control-Allow-Origin" not in headers  # CORS only with --cors
     obj = json.loads(data)
     assert obj["object"] == "list" and len(obj["data"]) == 1
     m = obj["data"][0]
@@ -542,3 +543,14 @@ def test_responses_endpoint(server, engine):
     status, _, data = post(server, "/v1/responses", {"input": "x " * 600})
     err = json.loads(data)["error"]
     assert status == 400 and err["param"] == "input" and err["code"] == "context_length_exceeded"
+
+
+def test_cors_headers(engine):
+    with Server(engine, ServerConfig(port=0, ctx=CTX, cors=True)) as srv:
+        for method, path, body in (("OPTIONS", "/v1/chat/completions", None), ("GET", "/v1/models", None),
+                                   ("POST", "/v1/chat/completions", _chat(max_tokens=1, stream=True)),
+                                   ("POST", "/v1/chat/completions", {"bad": 1})):
+            status, headers, _ = _request(srv.url + path, body, method=method)
+            assert headers["Access-Control-Allow-Origin"] == "*", (method, path)
+            assert headers["Access-Control-Allow-Methods"] == "GET, POST, OPTIONS"
+            assert headers["Access-Control-Allow-Headers"] == "*"
