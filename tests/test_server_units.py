@@ -697,3 +697,82 @@ def test_lone_surrogate_is_a_clean_error(tok):
     with pytest.raises(RequestError) as e:
         parse_chat(body, tok, 4096)
     assert e.value.status == 400
+
+
+# ---- live tool continuation (tool outputs bound to the live session's calls) -------------------
+
+ANTH_TOOLS = [{"name": "get", "input_schema": {"type": "object"}}]
+CALL_BLOCK = "\n\n" + TC + '<｜DSML｜invoke name="get"><｜DSML｜parameter name="city" string="true">Rome' \
+             '</｜DSML｜parameter></｜DSML｜invoke>' + TC_END
+
+
+def _anth_req(tok, w, body):
+    return parse_anthropic(json.dumps(body), tok, w.ctx, tool_memory=w.tools, live=w.live)
+
+
+def test_anthropic_tool_result_continues_live_session(tok):
+    eng = ScriptEngine(tok, "Checking." + CALL_BLOCK)
+    w = Worker(eng, ctx=4096, default_tokens=400)
+    first = [{"role": "user", "content": "Weather?"}]
+    _, body = _run_job(w, _anth_req(tok, w, {"messages": first, "tools": ANTH_TOOLS, "max_tokens": 400,
+                                             "thinking": {"type": "disabled"}}))
+    obj = json.loads(body)
+    assert obj["stop_reason"] == "tool_use"
+    use = obj["content"][-1]
+    assert use["type"] == "tool_use" and use["input"] == {"city": "Rome"} and use["id"].startswith("toolu_")
+    live = list(w.session.tokens)
+    # only the tool result is sent (no replay of the tool_use): bound to the live calls
+    result_only = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "sunny"}]}]
+    req = _anth_req(tok, w, {"messages": result_only, "tools": ANTH_TOOLS, "max_tokens": 400,
+                             "thinking": {"type": "disabled"}})
+    assert req.requires_live and req.live_ids == (use["id"],)
+    assert req.live_tail == ("<｜end▁of▁sentence｜><｜User｜><tool_result>sunny</tool_result>"
+                             "<｜Assistant｜></think>")
+    eng.set("Sunny in Rome.")
+    _, body = _run_job(w, req)
+    obj2 = json.loads(body)
+    assert w.last_result.source == "anthropic-tool-output"
+    assert obj2["content"] == [{"type": "text", "text": "Sunny in Rome."}]
+    assert obj2["usage"]["cache_read_input_tokens"] == len(live)
+    assert w.session.tokens[: len(live) + 1] == live + [tok.eos]  # the tail closed the sampled turn
+    # the binding is spent: the same tool-result-only request now finds no live state
+    with pytest.raises(RequestError) as e:
+        _anth_req(tok, w, {"messages": result_only, "max_tokens": 4})
+    assert e.value.status == 400
+
+
+def test_anthropic_live_state_lost_is_409(tok):
+    eng = ScriptEngine(tok, CALL_BLOCK)
+    w = Worker(eng, ctx=4096, default_tokens=400)
+    _, body = _run_job(w, _anth_req(tok, w, {"messages": [{"role": "user", "content": "q"}], "tools": ANTH_TOOLS,
+                                             "max_tokens": 400, "thinking": False}))
+    use = json.loads(body)["content"][-1]
+    req = _anth_req(tok, w, {"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": use["id"], "content": "r"}]}], "max_tokens": 4, "thinking": False})
+    assert req.requires_live
+    # another request replaces the live state between parsing and execution
+    eng.set("x")
+    _run_job(w, _chat_req(tok, w, {"messages": [{"role": "user", "content": "other"}], "thinking": False}))
+    head, body = _run_job(w, req)
+    assert head.startswith("HTTP/1.1 409 Conflict")
+    assert json.loads(body)["error"]["message"] == ("Anthropic continuation state is not available; retry by "
+                                                    "replaying the full messages history")
+
+
+def test_responses_tool_output_only_continuation(tok):
+    eng = ScriptEngine(tok, "plan</think>" + CALL_BLOCK)
+    w = Worker(eng, ctx=4096, default_tokens=400)
+    _, body = _run_job(w, _resp_req(tok, w, {"input": "Weather?", "tools": RESP_TOOLS}))
+    fc = json.loads(body)["output"][-1]
+    assert fc["type"] == "function_call"
+    live = list(w.session.tokens)
+    req = parse_responses(json.dumps({"input": [{"type": "function_call_output", "call_id": fc["call_id"],
+                                                 "output": "sunny"}], "tools": RESP_TOOLS}),
+                          tok, w.ctx, tool_memory=w.tools, live=w.live)
+    assert req.requires_live and req.live_tail.endswith("<tool_result>sunny</tool_result><｜Assistant｜><think>")
+    eng.set("done</think>Sunny.")
+    _, body = _run_job(w, req)
+    obj = json.loads(body)
+    assert w.last_result.source == "responses-tool-output"
+    assert obj["usage"]["input_tokens_details"]["cached_tokens"] == len(live)
+    assert [o["type"] for o in obj["output"]] == ["message"]  # no summary opt-in: reasoning not sent

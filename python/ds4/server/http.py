@@ -175,7 +175,7 @@ class Server:
         self._stopped = False
 
     def parse_kwargs(self) -> dict:
-        return {"tool_memory": self.worker.tools}
+        return {"tool_memory": self.worker.tools, "live": self.worker.live}
 
     @property
     def address(self) -> tuple[str, int]:

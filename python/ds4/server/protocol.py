@@ -71,6 +71,12 @@ class Request:
     has_tools: bool = False
     preserves_reasoning: bool = False  # the prompt re-renders prior reasoning (tool context)
     reasoning_summary: bool = False  # Responses: the client opted into reasoning summaries
+    # Live tool continuation (§9.7 steps 2-4): the call ids the trailing tool outputs answer, the
+    # text to append to the live session (EOS + tool results + assistant prefix), and whether the
+    # request cannot be served without that live state (its calls are not replayed).
+    live_ids: tuple[str, ...] = ()
+    live_tail: str | None = None
+    requires_live: bool = False
 
     @property
     def thinking(self) -> bool:
@@ -280,6 +286,64 @@ def _tool_context(messages: list[dict], schemas: str) -> bool:
     )
 
 
+def render_live_tool_tail(messages: list[dict], start: int, think: str) -> str:
+    """What to append to a live session that ends in sampled tool calls (§2.4): EOS closing the
+    assistant turn, the messages from ``start`` (assistant turns always with ``<think>`` blocks in
+    thinking mode), then the assistant prefix."""
+    from ..chat import ASSISTANT, EOS, THINK_END, THINK_START, USER, render_tool_calls
+
+    thinking = think != "none"
+    out = [EOS]
+    pending_assistant = pending_tool = False
+    for m in messages[start:]:
+        role = m.get("role")
+        if role in ("system", "developer"):
+            continue
+        if role == "user":
+            out += [USER, m.get("content") or ""]
+            pending_assistant, pending_tool = True, False
+        elif role in ("tool", "function"):
+            if not pending_tool:
+                out.append(USER)
+            out += ["<tool_result>", (m.get("content") or "").replace("</tool_result>", "&lt;/tool_result>"),
+                    "</tool_result>"]
+            pending_assistant = pending_tool = True
+        elif role == "assistant":
+            if pending_assistant:
+                out.append(ASSISTANT)
+                out += [THINK_START, m.get("reasoning_content") or "", THINK_END] if thinking else [THINK_END]
+            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls") or []]
+            out += [m.get("content") or "", render_tool_calls(calls, m.get("raw_dsml")), EOS]
+            pending_assistant = pending_tool = False
+    if pending_assistant:
+        out += [ASSISTANT, THINK_START if thinking else THINK_END]
+    return "".join(out)
+
+
+def _prepare_live_tail(req: Request, messages: list[dict], is_tail, anchor_calls: bool) -> None:
+    """Record the trailing tool-output run of ``messages`` as a possible live continuation."""
+    end = len(messages)
+    while end > 0 and messages[end - 1].get("role") in ("system", "developer"):
+        end -= 1
+    start = end
+    while start > 0 and is_tail(messages[start - 1]):
+        start -= 1
+    if start == end:
+        return
+    ids: list[str] = []
+    if anchor_calls and start > 0:
+        anchor = messages[start - 1]
+        if anchor.get("role") != "assistant" or not anchor.get("tool_calls"):
+            return
+        ids = [c.get("id") for c in anchor["tool_calls"] if c.get("id")]
+    else:
+        for m in messages[start:]:
+            ids += [i for i in m.get("tool_call_ids", ()) if i not in ids]
+    if ids:
+        req.live_ids = tuple(ids)
+        req.live_tail = render_live_tool_tail(messages, start, req.think)
+
+
 def _attach_replay(messages: list[dict], tool_memory) -> None:
     """Exact DSML replay (§8.6): an assistant turn whose call ids all map to one remembered sampled
     block is rendered with those bytes instead of the canonical form."""
@@ -358,7 +422,7 @@ def _openai_messages(v: Any) -> list[dict]:
 
 
 def parse_chat(body: bytes | str, tokenizer, ctx: int, default_tokens: int = DEFAULT_MAX_TOKENS,
-               tool_memory=None) -> Request:
+               tool_memory=None, live=None) -> Request:
     """``POST /v1/chat/completions``."""
     text, obj = _load(body)
     req = Request("openai", "chat", max_tokens=default_tokens)
@@ -374,7 +438,7 @@ def parse_chat(body: bytes | str, tokenizer, ctx: int, default_tokens: int = DEF
 
 
 def parse_completion(body: bytes | str, tokenizer, ctx: int, default_tokens: int = DEFAULT_MAX_TOKENS,
-                     tool_memory=None) -> Request:
+                     tool_memory=None, live=None) -> Request:
     """``POST /v1/completions``: a string prompt (or the first string of an array)."""
     _, obj = _load(body)
     req = Request("openai", "completion", max_tokens=default_tokens)
@@ -411,6 +475,7 @@ def _anthropic_messages(v: Any) -> tuple[list[dict], set[str], list[str]]:
             raise RequestError(400, _INVALID)
         role = m.get("role") if isinstance(m.get("role"), str) else "user"
         content, reasoning, calls = "", "", []
+        msg_ids: list[str] = []
         c = m.get("content")
         if isinstance(c, str):
             content = c
@@ -434,6 +499,7 @@ def _anthropic_messages(v: Any) -> tuple[list[dict], set[str], list[str]]:
                     rid = block.get("tool_use_id", block.get("id"))
                     if isinstance(rid, str):
                         result_ids.append(rid)
+                        msg_ids.append(rid)
                     content += "<tool_result>" + _tool_result_text(block.get("content")) + "</tool_result>"
                 else:
                     content += _openai_content(block.get("text")) if "text" in block else ""
@@ -441,6 +507,8 @@ def _anthropic_messages(v: Any) -> tuple[list[dict], set[str], list[str]]:
         msg: dict[str, Any] = {"role": role, "content": content, "reasoning_content": reasoning}
         if calls:
             msg["tool_calls"] = calls
+        if msg_ids:
+            msg["tool_call_ids"] = msg_ids
         out.append(msg)
     return out, call_ids, result_ids
 
@@ -466,9 +534,9 @@ def _anthropic_system(v: Any) -> str:
 
 
 def parse_anthropic(body: bytes | str, tokenizer, ctx: int, default_tokens: int = DEFAULT_MAX_TOKENS,
-                    tool_memory=None) -> Request:
+                    tool_memory=None, live=None) -> Request:
     """``POST /v1/messages``. A tool_result whose tool_use is not replayed in the same request is
-    refused (400): this server keeps no Anthropic live tool state, so the full history is needed."""
+    accepted only if it answers the live session's last calls (``live.has("anthropic", id)``)."""
     text, obj = _load(body)
     req = Request("anthropic", "chat", max_tokens=default_tokens)
     common = _Common(req, obj, anthropic=True)
@@ -476,9 +544,13 @@ def parse_anthropic(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
         raise RequestError(400, "missing messages")
     messages, call_ids, result_ids = _anthropic_messages(obj["messages"])
     for rid in result_ids:
-        if rid not in call_ids:
-            raise RequestError(400, f"Anthropic continuation state is not available for tool_use_id {rid}; "
-                                    "retry by replaying the full messages history")
+        if rid in call_ids:
+            continue
+        if live is not None and live.has("anthropic", rid):
+            req.requires_live = True
+            continue
+        raise RequestError(400, f"Anthropic continuation state is not available for tool_use_id {rid}; "
+                                "retry by replaying the full messages history")
     system = _anthropic_system(obj.get("system"))
     if system:
         messages.insert(0, {"role": "system", "content": system})
@@ -487,4 +559,6 @@ def parse_anthropic(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
     schemas = _tool_schemas(text, obj.get("tools"))
     req.has_tools = bool(schemas) and not choice_none
     req.think = common.think_mode(req.model, ctx)
+    _attach_replay(messages, tool_memory)
+    _prepare_live_tail(req, messages, lambda m: m.get("role") == "user" and bool(m.get("tool_call_ids")), False)
     return _finish(req, messages, schemas if req.has_tools else "", tokenizer, tool_memory)

@@ -24,7 +24,9 @@ from .protocol import (
     Request,
     RequestError,
     _Common,
+    _attach_replay,
     _finish,
+    _prepare_live_tail,
     _openai_content,
     _str,
     _tool_schemas,
@@ -111,7 +113,8 @@ def _items(v: Any) -> tuple[list[dict], list[str], set[str]]:
             body = next((it[k] for k in ("output", "result", "tools") if it.get(k) is not None), "")
             content = body if isinstance(body, str) else (
                 _openai_content(body) if isinstance(body, list) and t != "tool_search_output" else _raw(body))
-            msgs.append({"role": "tool", "content": content, "tool_call_id": call_id})
+            msgs.append({"role": "tool", "content": content, "tool_call_id": call_id,
+                         "tool_call_ids": [call_id] if call_id else []})
             if call_id:
                 outputs.append(call_id)
         elif t == "reasoning":
@@ -127,7 +130,7 @@ def _items(v: Any) -> tuple[list[dict], list[str], set[str]]:
 
 
 def parse_responses(body: bytes | str, tokenizer, ctx: int, default_tokens: int = DEFAULT_MAX_TOKENS,
-                    tool_memory=None) -> Request:
+                    tool_memory=None, live=None) -> Request:
     """``POST /v1/responses``."""
     text, obj = _load(body)
     req = Request("responses", "chat", max_tokens=default_tokens)
@@ -157,9 +160,13 @@ def parse_responses(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
     else:
         msgs, outputs, seen = _items(inp)
     for cid in outputs:
-        if cid not in seen:
-            raise RequestError(400, f"Responses continuation state is not available for call_id {cid}; "
-                                    "retry by replaying the full input history")
+        if cid in seen:
+            continue
+        if live is not None and live.has("responses", cid):
+            req.requires_live = True
+            continue
+        raise RequestError(400, f"Responses continuation state is not available for call_id {cid}; "
+                                "retry by replaying the full input history")
     instructions = obj.get("instructions")
     if instructions is not None:
         instructions = _str(instructions)
@@ -177,6 +184,8 @@ def parse_responses(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
     schemas = _tool_schemas(text, obj.get("tools"))
     req.has_tools = bool(schemas) and not choice_none
     req.think = common.think_mode(req.model, ctx)
+    _attach_replay(msgs, tool_memory)
+    _prepare_live_tail(req, msgs, lambda m: m.get("role") in ("tool", "function"), True)
     return _finish(req, msgs, schemas if req.has_tools else "", tokenizer, tool_memory)
 
 

@@ -198,6 +198,38 @@ class _ProgressSession:
         return getattr(self._s, name)
 
 
+class _LiveStateLost(Exception):
+    """The request needs live tool state that another request replaced (HTTP 409)."""
+
+
+class LiveBindings:
+    """Tool-call ids of the live session's last turn, per protocol, at the live position (§9.7):
+    a later request answering exactly those calls continues the live KV. Read by client threads
+    while parsing, written by the worker, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[str, tuple[frozenset[str], int]] = {}
+
+    def remember(self, api: str, ids, pos: int) -> None:
+        with self._lock:
+            self._ids[api] = (frozenset(ids), pos)
+
+    def clear(self, api: str) -> None:
+        with self._lock:
+            self._ids.pop(api, None)
+
+    def has(self, api: str, call_id: str) -> bool:
+        with self._lock:
+            b = self._ids.get(api)
+            return b is not None and call_id in b[0]
+
+    def matches(self, api: str, ids, pos: int) -> bool:
+        with self._lock:
+            b = self._ids.get(api)
+            return b is not None and b[1] == pos and b[0] == frozenset(ids)
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -227,6 +259,7 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._thinking_live: tuple[bytes, int] | None = None  # (visible transcript, live position)
         self._responses_live: tuple[bytes, int] | None = None  # same, after a Responses turn
+        self.live = LiveBindings()
 
     # ---- queue ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -316,6 +349,16 @@ class Worker:
             tokens = self._extend(live, prompt_bytes[len(rl[0]):])
             if tokens is not None:
                 return tokens, old_pos, "responses-visible", None
+        if (old_pos and req.live_tail is not None and req.api in ("responses", "anthropic")
+                and self.live.matches(req.api, req.live_ids, old_pos)):
+            tokens = self._extend(live, req.live_tail.encode("utf-8"))
+            if tokens is not None:
+                return tokens, old_pos, f"{req.api}-tool-output", None
+        if req.requires_live:
+            raise _LiveStateLost(
+                "Responses continuation state is not available; retry by replaying the full input history"
+                if req.api == "responses" else
+                "Anthropic continuation state is not available; retry by replaying the full messages history")
         if old_pos and _common_prefix(live, req.prompt) == old_pos and len(req.prompt) >= old_pos:
             return req.prompt, old_pos, "memory-token", None
         tl = self._thinking_live
@@ -372,7 +415,12 @@ class Worker:
     def run_job(self, job: Job) -> JobResult:
         req, sink = job.req, job.sink
         res = JobResult()
-        tokens, cached, source, plan = self._prepare(req)
+        try:
+            tokens, cached, source, plan = self._prepare(req)
+        except _LiveStateLost as e:
+            res.error = str(e)
+            sink.error(409, str(e))
+            return res
         res.prompt_tokens, res.cached, res.source = len(tokens), cached, source
         self.last_result = res  # filled in as the job runs (readable once the response is out)
         usage = shapes.Usage(len(tokens), cached, 0)
@@ -394,8 +442,11 @@ class Worker:
             return res
         if source != "thinking-visible":
             self._thinking_live = None
-        if source != "responses-visible":
+        if source not in ("responses-visible", "responses-tool-output"):
             self._responses_live = None
+            self.live.clear("responses")
+        if source != "anthropic-tool-output":
+            self.live.clear("anthropic")
         log.info("ds4-server: %s prompt=%d cached=%d source=%s prefill %.3fs", req.kind, len(tokens), cached,
                  source, time.monotonic() - t0)
 
@@ -459,6 +510,15 @@ class Worker:
         res.finish, res.calls, res.error = finish, calls, err
         if req.api == "responses":
             self._remember_responses(req, finish, content or "", reasoning, calls, raw_dsml)
+            if finish not in ("error", "length") and self.session.pos:
+                self.live.remember("responses", ids, self.session.pos)
+            else:
+                self.live.clear("responses")
+        elif req.api == "anthropic":
+            if calls and finish not in ("error", "length"):
+                self.live.remember("anthropic", ids, self.session.pos)
+            else:
+                self.live.clear("anthropic")
 
         if req.stream:
             if stream_resp is not None:
