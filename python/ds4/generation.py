@@ -23,6 +23,17 @@ strings are matched on the generated text of the current channel and are not emi
 token is only evaluated when another token is needed, so a finished session holds the prompt plus
 every emitted token but the last (the next ``sync`` evaluates it when the conversation continues).
 
+With ``kv_cache`` (a :class:`ds4.kvcache.KVCache`), the prompt is looked up by its rendered text
+(:func:`prompt_text`): the session is restored from the file holding the longest cached prefix and
+only the text after it is tokenized and evaluated; the cache's save policy runs as upstream's
+server does (RUNTIME.md §7.3-7.4): an ``evict`` store before an unrelated prompt replaces a live
+session, a ``cold`` store after a first prompt with no hit, ``continued`` stores at aligned frontiers
+during prefill and before decode steps. The ``shutdown`` store is the caller's
+(``kv_cache.shutdown(session, engine)`` on a clean exit; pass ``session=`` to keep the session).
+Prompts given as ``tokens=`` are looked up in token mode (only files whose token history is a
+prefix of them; the tokens are kept exactly). On a miss the prompt's own tokenization is used, so a
+run without any hit evaluates exactly what it evaluates without a cache.
+
 Example::
 
     >>> for ev in generate(engine, prompt="Hi", max_tokens=8, seed=1):   # doctest: +SKIP
@@ -38,13 +49,19 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from .chat import (
+    ASSISTANT,
+    BOS,
     DEFAULT_SYSTEM,
     THINK_END,
+    THINK_MAX_PREFIX,
+    THINK_START,
+    USER,
     DsmlTracker,
     ParsedMessage,
     encode_chat_prompt,
     parse_generated,
     render,
+    think_enabled,
     think_mode_for_context,
 )
 from .errors import ContextOverflowError, InvalidArgumentError
@@ -68,6 +85,7 @@ __all__ = [
     "FinishEvent",
     "GenerationEvent",
     "build_prompt",
+    "prompt_text",
     "generate",
 ]
 
@@ -78,7 +96,8 @@ ProgressFn = Callable[[int, int], None]  # progress(done, total) during sync, as
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of one generation. ``cached_tokens``: prompt tokens reused from the live session."""
+    """Token counts of one generation. ``cached_tokens``: prompt tokens not evaluated because the
+    live session or a disk KV cache file already held them."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -117,6 +136,7 @@ class FinishEvent:
     stop: str | None = None  # the stop string that matched, for finish_reason == "stop"
     raw_text: str = ""  # all generated text as the model wrote it (with </think>), cut at a stop string
     thinking: bool = False  # the prompt opened a <think> block
+    cache_source: str = ""  # where usage.cached_tokens came from: "memory" (live session), "disk", or ""
 
     def message(self) -> ParsedMessage:
         """Reasoning, content and DSML tool calls parsed from ``raw_text`` (upstream's final parser)."""
@@ -175,6 +195,31 @@ def build_prompt(
     return encode_chat_prompt(tokenizer, prompt, system=system, think=think, ctx=ctx)
 
 
+def prompt_text(
+    prompt: str | None = None,
+    messages: Sequence[Any] | None = None,
+    *,
+    system: str | None = DEFAULT_SYSTEM,
+    tools: Any = None,
+    think: str | bool | None = "high",
+    ctx: int | None = None,
+    raw: bool = False,
+) -> str:
+    """The rendered text of a ``prompt`` / ``messages`` prompt: the bytes of the tokens
+    :func:`build_prompt` returns for the same arguments, without tokenizing anything (the disk KV
+    cache looks prompts up by this text, RUNTIME.md §7.2)."""
+    if (prompt is None) == (messages is None):
+        raise InvalidArgumentError("give exactly one of prompt= or messages=")
+    if messages is not None:
+        return render(messages, tools=tools, think=think, ctx=ctx).text
+    assert prompt is not None
+    if raw or prompt.startswith(BOS):
+        return prompt
+    mode = think_mode_for_context(think, ctx)
+    return "".join((BOS, THINK_MAX_PREFIX if mode == "max" else "", system or "", USER, prompt, ASSISTANT,
+                    THINK_START if think_enabled(mode) else THINK_END))
+
+
 class _StopMatcher:
     """Holds back text that may begin a stop string; finds the earliest complete match."""
 
@@ -228,6 +273,39 @@ def _sync(session, tokens: list[int], progress: ProgressFn | None) -> None:
     session.sync(tokens)
 
 
+class _ProgressSession:
+    """A session whose every ``sync`` reports progress (the disk cache syncs in several steps and
+    knows nothing about progress callbacks)."""
+
+    def __init__(self, session, progress: ProgressFn) -> None:
+        self._s, self._progress = session, progress
+
+    def sync(self, tokens, progress: ProgressFn | None = None) -> None:
+        _sync(self._s, tokens, progress or self._progress)
+
+    def __getattr__(self, name: str):
+        return getattr(self._s, name)
+
+
+def _prepare_cached(kv_cache, engine, session, prompt, messages, tokens, *, system, tools, think, raw):
+    """The disk cache's plan for this prompt (live reuse, evict store, disk hit or cold miss)."""
+    if tokens is not None:
+        if prompt is not None or messages is not None:
+            raise InvalidArgumentError("give exactly one of prompt=, messages= or tokens=")
+        exact = [int(t) for t in tokens]
+        if not exact:
+            raise InvalidArgumentError("the prompt is empty (no tokens)")
+        return kv_cache.prepare(session, exact, engine)
+    text = prompt_text(prompt, messages, system=system, tools=tools, think=think, ctx=session.ctx, raw=raw)
+    if not text:
+        raise InvalidArgumentError("the prompt is empty (no tokens)")
+    return kv_cache.prepare(
+        session, text, engine,
+        full_tokens=lambda: build_prompt(engine.tokenizer, prompt, messages, system=system, tools=tools,
+                                         think=think, ctx=session.ctx, raw=raw),
+    )
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -259,6 +337,7 @@ def generate(
     progress: ProgressFn | None = None,
     dsml: bool | None = None,
     stream: bool = True,
+    kv_cache=None,
 ) -> Iterator[GenerationEvent] | FinishEvent:
     """Generate from ``engine``. Returns an iterator of events (``stream=True``) or the FinishEvent.
 
@@ -267,14 +346,26 @@ def generate(
     time-based seed (upstream's CLI behaviour). ``max_tokens=None`` runs until EOS, a stop string
     or a full context. ``logprobs=k`` attaches the sampled token's logprob and the top-k to events.
     ``dsml`` turns the tool-call rules on or off (default: on when ``tools`` are given).
+    ``kv_cache``: a :class:`ds4.kvcache.KVCache` to restore the longest cached prefix from and to
+    store checkpoints in (see the module docstring); ``usage.cached_tokens`` and
+    ``FinishEvent.cache_source`` say what was reused. The cache lookup (and a disk load) happens
+    when ``generate`` is called, like the prompt checks.
     """
     if max_tokens is not None and max_tokens < 0:
         raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
     if session is None:
         session = engine.session(ctx=ctx if ctx is not None else DEFAULT_CTX)
     mode = think_mode_for_context(think, session.ctx)
-    prompt_tokens = build_prompt(engine.tokenizer, prompt, messages, tokens, system=system, tools=tools,
-                                 think=mode, ctx=session.ctx, raw=raw)
+    plan = None
+    t0 = time.perf_counter()
+    if kv_cache is None:
+        prompt_tokens = build_prompt(engine.tokenizer, prompt, messages, tokens, system=system, tools=tools,
+                                     think=mode, ctx=session.ctx, raw=raw)
+    else:
+        plan = _prepare_cached(kv_cache, engine, session, prompt, messages, tokens, system=system, tools=tools,
+                               think=mode, raw=raw)
+        prompt_tokens = plan.tokens
+    prepare_seconds = time.perf_counter() - t0
     if not prompt_tokens:
         raise InvalidArgumentError("the prompt is empty (no tokens)")
     if len(prompt_tokens) >= session.ctx:
@@ -284,7 +375,7 @@ def generate(
         )
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     it = _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops,
-              seed, logprobs, progress, bool(tools) if dsml is None else dsml)
+              seed, logprobs, progress, bool(tools) if dsml is None else dsml, kv_cache, plan, prepare_seconds)
     if stream:
         return it
     final = None
@@ -308,13 +399,18 @@ def _tool_block_closed(text: str, start: int) -> bool:
 
 
 def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
-         logprobs, progress, dsml) -> Iterator[GenerationEvent]:
+         logprobs, progress, dsml, kv_cache=None, plan=None, prepare_seconds=0.0) -> Iterator[GenerationEvent]:
     tok = engine.tokenizer
-    live = list(session.tokens)
-    cached = len(live) if _common_prefix(live, prompt_tokens) == len(live) else 0
-
-    t0 = time.perf_counter()
-    _sync(session, prompt_tokens, progress)
+    t0 = time.perf_counter() - prepare_seconds  # a disk load counts as prompt time
+    if kv_cache is None:
+        live = list(session.tokens)
+        cached = len(live) if _common_prefix(live, prompt_tokens) == len(live) else 0
+        cache_source = "memory" if cached else ""
+        _sync(session, prompt_tokens, progress)
+    else:
+        cached = plan.cached_tokens
+        cache_source = plan.source if cached else ""
+        kv_cache.sync(_ProgressSession(session, progress) if progress is not None else session, plan, engine)
     t1 = time.perf_counter()
 
     eos = tok.special.eos
@@ -345,6 +441,7 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
             stop=matched,
             raw_text=raw_text(),
             thinking=thinking,
+            cache_source=cache_source,
         )
 
     def raw_text() -> str:
@@ -354,6 +451,11 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
         if len(out_tokens) >= budget:
             finish = "length"
             break
+        # A continued checkpoint before each decode step, never inside or after a tool block
+        # (partial DSML must not become a saved frontier).
+        if (kv_cache is not None and kv_cache.continued_target(session.pos)
+                and (tracker is None or tracker.mode == "search")):
+            kv_cache.maybe_store_continued(session, engine)
         logits = session.logits
         greedy = tracker is not None and tracker.greedy
         token = sample(logits, 0.0 if greedy else temperature, top_k, top_p, min_p, rng)

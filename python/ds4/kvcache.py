@@ -799,6 +799,7 @@ class KVCache:
         quant_bits: int | None = None,
         shape: Any = None,
         reuse_live: bool = True,
+        full_tokens: Callable[[], Sequence[int]] | None = None,
     ) -> PreparedPrompt:
         """Decide how to reach ``prompt`` in ``session`` (RUNTIME.md §9.7 steps 7-9).
 
@@ -813,6 +814,11 @@ class KVCache:
         Text mode tokenizes only the text after a reused prefix, as upstream does (BPE may merge
         across the boundary, so the request's own tokenization is not sliced). Token mode keeps the
         given tokens exactly and only accepts files whose token history is a prefix of them.
+
+        ``full_tokens`` (text mode): on a miss, the whole prompt's tokens come from this call
+        instead of ``encode_rendered(prompt)``, so a caller whose own tokenization of the same text
+        differs (the CLI encodes chat parts one by one) runs exactly what it runs without a cache,
+        and a hit never pays for a full tokenization.
         """
         m = self._model(session, model, quant_bits, shape)
         exact: list[int] | None = None
@@ -840,6 +846,8 @@ class KVCache:
             return hit
         if exact is not None:
             tokens = exact
+        elif full_tokens is not None:
+            tokens = [int(t) for t in full_tokens()]
         else:
             try:
                 full_text = prompt if isinstance(prompt, str) else data.decode("utf-8")

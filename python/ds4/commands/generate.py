@@ -4,6 +4,11 @@ Like upstream's ``ds4 -p``: the prompt is one chat turn with the system text (de
 helpful assistant"), unless it starts with the BOS string (already-rendered chat) or ``--raw`` is
 given (plain text, no template). Reasoning is printed dimmed on a terminal; speeds go to stderr as
 ``ds4: prefill: X t/s, generation: Y t/s``.
+
+``--kv-cache-dir DIR`` (and the other ``--kv-cache-*`` flags of :mod:`ds4.kvcache`) keeps session
+checkpoints on disk: a later run whose prompt starts with a cached text restores it and prefills
+only the rest (stderr says how many tokens came from the cache); a clean exit stores the final
+state (``shutdown``). Cache problems are warnings on stderr, never lost output.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from ..errors import ContextOverflowError, Ds4IOError, InvalidArgumentError
+from ..kvcache import add_arguments as add_kv_cache_arguments
 
-__all__ = ["register", "run", "add_sampling_args", "open_engine", "ReferenceEngine", "ProgressBar",
-           "think_from_args", "StreamPrinter"]
+__all__ = ["register", "run", "add_sampling_args", "open_engine", "open_kv_cache", "ReferenceEngine",
+           "ProgressBar", "think_from_args", "StreamPrinter", "report_cache"]
 
 _DIM, _RESET = "\x1b[2m", "\x1b[0m"
 
@@ -51,6 +57,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("generate", help="generate text from a prompt",
                               description="One-shot generation from a prompt, streamed to stdout.")
     add_sampling_args(p)
+    add_kv_cache_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", default=None, help="prompt text")
     src.add_argument("--prompt-file", default=None, metavar="FILE", help="read the prompt from FILE")
@@ -126,6 +133,26 @@ class ReferenceEngine:
 
     def session(self, ctx: int = 32768) -> _ReferenceSession:
         return _ReferenceSession(self.model, ctx)
+
+
+def open_kv_cache(args: argparse.Namespace):
+    """The disk KV cache the ``--kv-cache-*`` flags ask for, or None. Opened before the model so a
+    bad directory fails fast (Ds4IOError naming it); its warnings go to stderr as ``ds4: ...``."""
+    import logging
+
+    from ..kvcache import from_args
+
+    if not getattr(args, "kv_cache_dir", None):
+        return None
+    if getattr(args, "reference", False):
+        raise InvalidArgumentError("--kv-cache-dir needs the compiled engine; it cannot be used with --reference")
+    log = logging.getLogger("ds4.kvcache")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("ds4: %(message)s"))
+        handler.setLevel(logging.WARNING)
+        log.addHandler(handler)
+    return from_args(args)
 
 
 def open_engine(args: argparse.Namespace):
@@ -206,6 +233,22 @@ class StreamPrinter:
         self.stream.flush()
 
 
+def report_cache(fin, stream=None) -> None:
+    """One stderr line when prompt tokens were restored from the disk cache."""
+    if fin.cache_source == "disk" and fin.usage.cached_tokens:
+        print(f"ds4: kv cache: {fin.usage.cached_tokens} of {fin.usage.prompt_tokens} prompt tokens "
+              "restored from disk", file=stream or sys.stderr)
+
+
+def store_shutdown(cache, session, engine, stream=None) -> None:
+    """The ``shutdown`` checkpoint of a clean exit (skipped below the cache's min tokens)."""
+    if cache is None or session is None:
+        return
+    entry = cache.shutdown(session, engine)
+    if entry is not None:
+        print(f"ds4: kv cache: saved {entry.tokens} tokens ({entry.path.name})", file=stream or sys.stderr)
+
+
 def report_speed(fin) -> None:
     cached = f", {fin.usage.cached_tokens} reused" if fin.usage.cached_tokens else ""
     print(f"ds4: prefill: {fin.prefill_tps:.2f} t/s, generation: {fin.decode_tps:.2f} t/s "
@@ -226,9 +269,11 @@ def run(args: argparse.Namespace) -> int:
         prompt = args.prompt
     if args.dump_tokens:
         return dump_tokens(args, prompt)
+    cache = open_kv_cache(args) if args.dump_logprobs is None else None
     engine = open_engine(args)
     if args.dump_logprobs is not None:
         return dump_logprobs(engine, args, prompt)
+    session = engine.session(ctx=args.ctx) if cache is not None else None
     bar = ProgressBar(enabled=True if args.progress else None)
     out = StreamPrinter()
     fin = None
@@ -236,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
         for ev in generate(engine, prompt=prompt, max_tokens=args.max_tokens, temperature=args.temp,
                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, stop=args.stop,
                            seed=args.seed, think=think_from_args(args), system=args.system or None,
-                           raw=args.raw, ctx=args.ctx, progress=bar):
+                           raw=args.raw, ctx=args.ctx, session=session, progress=bar, kv_cache=cache):
             if isinstance(ev, FinishEvent):
                 fin = ev
             else:
@@ -251,7 +296,9 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     out.end()
     if fin is not None:
+        report_cache(fin)
         report_speed(fin)
+    store_shutdown(cache, session, engine)
     return 0
 
 
