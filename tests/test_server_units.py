@@ -776,3 +776,48 @@ def test_responses_tool_output_only_continuation(tok):
     assert w.last_result.source == "responses-tool-output"
     assert obj["usage"]["input_tokens_details"]["cached_tokens"] == len(live)
     assert [o["type"] for o in obj["output"]] == ["message"]  # no summary opt-in: reasoning not sent
+
+
+class _RecordingCache:
+    """Disk-cache double recording what the worker asks to store."""
+
+    min_tokens = 1
+
+    def __init__(self):
+        self.stores = []
+
+    def store(self, session, reason, model=None, **kw):
+        self.stores.append((reason, list(session.tokens), kw))
+
+    def shutdown(self, session, model=None, **kw):
+        self.store(session, "shutdown", model, **kw)
+
+    def continued_target(self, n):
+        return 0
+
+    def prepare(self, session, text, model=None, reuse_live=True):
+        from ds4.kvcache import PreparedPrompt
+        return PreparedPrompt(list(session.engine.tokenizer.encode_rendered(text)), 0, "cold")
+
+    def sync(self, session, plan, model=None, **kw):
+        session.sync(plan.tokens)
+
+
+def test_visible_transcript_keys_for_evict_and_shutdown(tok):
+    from ds4.kvcache_format import EXT_THINKING_VISIBLE
+
+    eng = ScriptEngine(tok, "hidden</think>Shown")
+    kv = _RecordingCache()
+    w = Worker(eng, ctx=4096, default_tokens=400, kv_cache=kv)
+    req = _chat_req(tok, w, {"messages": [{"role": "user", "content": "q"}]})
+    _run_job(w, req)
+    w.shutdown_store()
+    reason, tokens, kw = kv.stores[-1]
+    assert reason == "shutdown" and tokens == w.session.tokens
+    # keyed by what a client will replay (no reasoning), while the payload keeps the hidden tokens
+    assert kw["text"] == (req.prompt_text[: -len("<think>")] + "</think>Shown<｜end▁of▁sentence｜>").encode()
+    assert kw["ext_flags"] == EXT_THINKING_VISIBLE
+    # an unrelated prompt evicts the live state under the same visible key
+    _run_job(w, _chat_req(tok, w, {"messages": [{"role": "user", "content": "other"}], "thinking": False}))
+    evicts = [s for s in kv.stores if s[0] == "evict"]
+    assert evicts and evicts[0][2]["ext_flags"] == EXT_THINKING_VISIBLE

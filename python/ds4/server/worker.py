@@ -317,14 +317,16 @@ class Worker:
     def _store_kw(self, visible: bool = False) -> dict:
         """Extra arguments for a disk-cache store: the tool map, and for evict/shutdown stores at
         the remembered thinking frontier the client-visible transcript as the key."""
-        from ..kvcache_format import EXT_THINKING_VISIBLE
+        from ..kvcache_format import EXT_RESPONSES_VISIBLE, EXT_THINKING_VISIBLE
 
         kw: dict = {}
         if self.tools.max_ids > 0 and len(self.tools):
             kw["tool_map"] = self.tools.snapshot()
-        tl = self._thinking_live
-        if visible and tl is not None and tl[1] == self.session.pos:
-            kw.update(text=tl[0], ext_flags=EXT_THINKING_VISIBLE)
+        if visible:
+            for live, flag in ((self._responses_live, EXT_RESPONSES_VISIBLE), (self._thinking_live, EXT_THINKING_VISIBLE)):
+                if live is not None and live[1] == self.session.pos:
+                    kw.update(text=live[0], ext_flags=flag)
+                    break
         return kw
 
     # ---- cache decision (§9.7) --------------------------------------------------------------------
