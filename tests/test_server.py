@@ -353,6 +353,8 @@ def test_context_overflow(server, engine):
     (b'{"messages": [], "stream": 1}', "invalid JSON request"),
     (b'{"model": "x"}', "missing messages"),
     (b'\xff\xfe', "invalid JSON request"),
+    (b'{"messages": [], "temperature": NaN}', "invalid JSON request"),
+    (b'{"messages": [' * 300 + b']' * 300 + b'}', "invalid JSON request"),
 ])
 def test_malformed_requests(server, raw, message):
     status, _, data = post(server, "/v1/chat/completions", raw=raw)

@@ -153,10 +153,14 @@ def _tool_schemas(body: str, tools: Any) -> str:
 # ---- shared field parsers -----------------------------------------------------------------------
 
 
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")  # NaN / Infinity: Python accepts them, JSON does not
+
+
 def _load(body: bytes | str) -> tuple[str, dict]:
     try:
         text = body.decode("utf-8") if isinstance(body, (bytes, bytearray)) else body
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise RequestError(400, _INVALID) from None
     if not isinstance(obj, dict):
