@@ -127,11 +127,27 @@ class ToolMemory:
     ``fallback(ids) -> {id: dsml bytes}`` is asked for ids not in memory (the disk cache's KTM
     trailers), so exact replay survives a restart. ``max_ids=0`` disables replay entirely."""
 
-    def __init__(self, max_ids: int = 100000, fallback: Callable[[list[str]], dict] | None = None) -> None:
+    def __init__(self, max_ids: int = 100000, fallback: Callable[[list[str]], dict] | None = None,
+                 max_bytes: int = 512 * 1024 * 1024) -> None:
         self.max_ids = max_ids
+        self.max_bytes = max_bytes
         self.fallback = fallback
         self._map: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._blocks: dict[str, int] = {}  # distinct block -> how many ids use it (bytes count once)
+        self._bytes = 0
         self._lock = threading.Lock()
+
+    def _drop_oldest(self) -> None:
+        _, block = self._map.popitem(last=False)
+        self._unref(block)
+
+    def _unref(self, block: str) -> None:
+        n = self._blocks[block] - 1
+        if n:
+            self._blocks[block] = n
+        else:
+            del self._blocks[block]
+            self._bytes -= len(block)
 
     def __len__(self) -> int:
         return len(self._map)
@@ -153,10 +169,17 @@ class ToolMemory:
             return
         with self._lock:
             for i in ids:
+                old = self._map.get(i)
+                if old is not None:
+                    self._unref(old)
                 self._map[i] = raw_dsml
                 self._map.move_to_end(i)
-            while len(self._map) > self.max_ids:
-                self._map.popitem(last=False)
+                if raw_dsml not in self._blocks:
+                    self._blocks[raw_dsml] = 0
+                    self._bytes += len(raw_dsml)
+                self._blocks[raw_dsml] += 1
+            while self._map and (len(self._map) > self.max_ids or self._bytes > self.max_bytes):
+                self._drop_oldest()
 
     def has(self, i: str) -> bool:
         with self._lock:
