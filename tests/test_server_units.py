@@ -824,14 +824,14 @@ def test_visible_transcript_keys_for_evict_and_shutdown(tok):
 
 
 def test_tool_memory_bounds():
-    m = ToolMemory(max_ids=3, max_bytes=10)
+    m = ToolMemory(max_ids=3, max_bytes=11)
     m.remember(["a", "b"], "12345")  # one block shared by two ids counts once
     m.remember(["c"], "abc")
     assert len(m) == 3 and m.lookup(["a", "b"]) == "12345" and m.lookup(["a", "c"]) is None
     # lookups count as use: the order is now b, a, c
     m.remember(["d"], "xyz")  # 4 ids > 3: the least recently used ("b") goes
     assert not m.has("b") and m.has("a") and m.has("c") and m.has("d")
-    m.remember(["e"], "0123456789")  # 5 + 3 + 3 + 10 bytes > 10: oldest entries go until it fits
+    m.remember(["e"], "0123456789")  # 5 + 3 + 3 + 10 bytes > 11: oldest entries go until it fits
     assert m.has("e") and not any(m.has(i) for i in "acd")
     m.remember(["e"], "short")  # re-pointing an id releases its old block
     assert m.lookup(["e"]) == "short"
