@@ -836,3 +836,24 @@ def test_tool_memory_bounds():
     m.remember(["e"], "short")  # re-pointing an id releases its old block
     assert m.lookup(["e"]) == "short"
     assert ToolMemory(max_ids=0).lookup(["e"]) is None  # replay disabled
+
+
+def test_responses_namespace_tools(tok):
+    tools = [{"type": "namespace", "name": "mcp__files__", "tools": [
+        {"type": "function", "name": "read", "description": "Read a file",
+         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}},
+        {"type": "function", "name": "ls"}]},
+        {"type": "function", "name": "plain", "parameters": {"type": "object"}}]
+    eng = ScriptEngine(tok, "\n\n" + TC + '<｜DSML｜invoke name="mcp__files__read"><｜DSML｜parameter name="path" '
+                            'string="true">a.txt</｜DSML｜parameter></｜DSML｜invoke>' + TC_END)
+    w = Worker(eng, ctx=4096, default_tokens=400)
+    req = _resp_req(tok, w, {"input": "read it", "tools": tools, "reasoning": {"effort": "none"}})
+    assert ('{"name":"mcp__files__read","description":"Read a file","parameters":{"type": "object", '
+            '"properties": {"path": {"type": "string"}}}}') in req.prompt_text
+    assert '{"name":"mcp__files__ls","description":"","parameters":{"type":"object","properties":{}}}' in req.prompt_text
+    assert '{"type": "function", "name": "plain", "parameters": {"type": "object"}}' in req.prompt_text
+    _, body = _run_job(w, req)
+    (fc,) = json.loads(body)["output"]
+    assert fc["type"] == "function_call" and fc["name"] == "read" and fc["namespace"] == "mcp__files__"
+    assert json.loads(fc["arguments"]) == {"path": "a.txt"}
+    assert list(fc)[:6] == ["id", "type", "status", "name", "namespace", "call_id"]

@@ -77,6 +77,8 @@ class Request:
     live_ids: tuple[str, ...] = ()
     live_tail: str | None = None
     requires_live: bool = False
+    # Responses namespace tools: name shown to the model -> (client name, namespace)
+    tool_wire: dict = field(default_factory=dict)
 
     @property
     def thinking(self) -> bool:
@@ -143,7 +145,7 @@ def _tool_schemas(body: str, tools: Any) -> str:
     raw = raw_member_values(body, "tools") or "[]"
     lines = []
     for item, text in zip(tools, _raw_array_items(raw)):
-        if isinstance(item, Mapping) and item.get("type") == "function" and isinstance(item.get("function"), Mapping):
+        if isinstance(item, Mapping) and "function" in item:  # OpenAI wrapper: the function object
             inner = raw_member_values(text, "function")
             text = inner if inner is not None else json.dumps(item["function"], ensure_ascii=False)
         lines.append(text)

@@ -29,7 +29,6 @@ from .protocol import (
     _prepare_live_tail,
     _openai_content,
     _str,
-    _tool_schemas,
     _load,
 )
 from .textscan import THINK_END, THINK_START, find_tool_start, text_safe_limit, utf8_safe_len
@@ -129,6 +128,42 @@ def _items(v: Any) -> tuple[list[dict], list[str], set[str]]:
     return msgs, outputs, calls_seen
 
 
+def _responses_tool_schemas(text: str, tools: Any) -> tuple[str, dict]:
+    """Schemas like :func:`_tool_schemas`, with ``{"type": "namespace", "name": NS, "tools": [...]}``
+    groups flattened: each function becomes ``{"name": NS + name, "description", "parameters"}``
+    for the model, and is mapped back to its own name and namespace in the response."""
+    from .protocol import _raw_array_items, raw_member_values
+
+    if not isinstance(tools, list):
+        return "", {}
+    raw = raw_member_values(text, "tools") or "[]"
+    lines: list[str] = []
+    wire: dict = {}
+    for item, item_raw in zip(tools, _raw_array_items(raw)):
+        if isinstance(item, Mapping) and item.get("type") == "namespace" and isinstance(item.get("name"), str) \
+                and isinstance(item.get("tools"), list):
+            ns = item["name"]
+            inner_raw = raw_member_values(item_raw, "tools") or "[]"
+            for tool, tool_raw in zip(item["tools"], _raw_array_items(inner_raw)):
+                if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
+                    continue
+                name = tool.get("name")
+                if not isinstance(name, str) or not name:
+                    continue
+                params = raw_member_values(tool_raw, "parameters") or raw_member_values(tool_raw, "input_schema")
+                desc = tool.get("description") if isinstance(tool.get("description"), str) else ""
+                lines.append('{"name":' + json.dumps(ns + name, ensure_ascii=False) + ',"description":'
+                             + json.dumps(desc, ensure_ascii=False) + ',"parameters":'
+                             + (params or '{"type":"object","properties":{}}') + "}")
+                wire[ns + name] = (name, ns)
+            continue
+        if isinstance(item, Mapping) and "function" in item:
+            inner = raw_member_values(item_raw, "function")
+            item_raw = inner if inner is not None else json.dumps(item["function"], ensure_ascii=False)
+        lines.append(item_raw)
+    return "\n".join(lines), wire
+
+
 def parse_responses(body: bytes | str, tokenizer, ctx: int, default_tokens: int = DEFAULT_MAX_TOKENS,
                     tool_memory=None, live=None) -> Request:
     """``POST /v1/responses``."""
@@ -181,7 +216,7 @@ def parse_responses(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
             raise RequestError(400, f"tool_choice={tc} not supported")
     elif isinstance(tc, Mapping):
         raise RequestError(400, "forced tool_choice not supported")
-    schemas = _tool_schemas(text, obj.get("tools"))
+    schemas, req.tool_wire = _responses_tool_schemas(text, obj.get("tools"))
     req.has_tools = bool(schemas) and not choice_none
     req.think = common.think_mode(req.model, ctx)
     _attach_replay(msgs, tool_memory)
@@ -207,9 +242,17 @@ def _item_status(finish: str) -> str:
     return "incomplete" if finish in ("length", "error") else "completed"
 
 
-def _call_item(call: ToolCall, fc_id: str, call_id: str, status: str, with_args: bool) -> dict:
-    return {"id": fc_id, "type": "function_call", "status": status, "name": call.name, "call_id": call_id,
-            "arguments": shapes.args_object_text(call.arguments) if with_args else ""}
+def _wire(req: Request, name: str) -> tuple[str, str | None]:
+    return req.tool_wire.get(name, (name, None))
+
+
+def _call_item(req: Request, call: ToolCall, fc_id: str, call_id: str, status: str, with_args: bool) -> dict:
+    name, ns = _wire(req, call.name)
+    item = {"id": fc_id, "type": "function_call", "status": status, "name": name}
+    if ns is not None:
+        item["namespace"] = ns
+    item.update(call_id=call_id, arguments=shapes.args_object_text(call.arguments) if with_args else "")
+    return item
 
 
 def _envelope(resp_id: str, model: str, created: int, finish: str, output: list, usage: shapes.Usage) -> dict:
@@ -234,7 +277,7 @@ def responses_final(req: Request, content: str, reasoning: str | None, calls: Se
         output.append({"id": rid("msg_"), "type": "message", "status": status, "role": "assistant",
                        "content": [{"type": "output_text", "text": content, "annotations": []}]})
     for c, cid in zip(calls, ids):
-        output.append(_call_item(c, rid("fc_"), cid, status, True))
+        output.append(_call_item(req, c, rid("fc_"), cid, status, True))
     obj = _envelope(rid("resp_"), req.model, int(time.time()), finish, output, usage)
     return (shapes.dumps(obj) + "\n").encode()
 
@@ -257,6 +300,10 @@ class ResponsesStream:
         self.message = bytearray()
         self.reasoning_closed = False  # </think> was seen
         self.summary_started = False
+
+    def _name_fields(self, name: str) -> dict:
+        wire, ns = _wire(self.req, name)
+        return {"name": wire} if ns is None else {"name": wire, "namespace": ns}
 
     def _emit(self, obj: dict) -> bool:
         ev = {"type": obj["type"], "sequence_number": self.seq}
@@ -388,16 +435,16 @@ class ResponsesStream:
             self.next_index += 1
             args = shapes.args_object_text(c.arguments)
             for ev in ({"type": "response.output_item.added", "output_index": index,
-                        "item": _call_item(c, fc, cid, "in_progress", False)},
+                        "item": _call_item(self.req, c, fc, cid, "in_progress", False)},
                        {"type": "response.function_call_arguments.delta", "item_id": fc, "output_index": index,
                         "delta": args},
                        {"type": "response.function_call_arguments.done", "item_id": fc, "output_index": index,
-                        "name": c.name, "arguments": args},
+                        **self._name_fields(c.name), "arguments": args},
                        {"type": "response.output_item.done", "output_index": index,
-                        "item": _call_item(c, fc, cid, status, True)}):
+                        "item": _call_item(self.req, c, fc, cid, status, True)}):
                 if not self._emit(ev):
                     return False
-            items.append(_call_item(c, fc, cid, status, True))
+            items.append(_call_item(self.req, c, fc, cid, status, True))
         output: list[dict] = []
         if self.rs_index >= 0:
             output.append({"id": self.rs_id, "type": "reasoning", "status": rs_status,
