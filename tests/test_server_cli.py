@@ -40,9 +40,10 @@ def _start(args, tmp_path):
 
 def test_serve_process_sigint(tmp_path):
     kv = tmp_path / "kv"
+    trace = tmp_path / "trace.txt"
     proc, log, url = _start(["-m", str(ds4.testing.default_model_path()), "-c", "512", "-n", "4", "-t", "1",
                              "--kv-cache-dir", str(kv), "--kv-cache-min-tokens", "4",
-                             "--kv-cache-cold-max-tokens", "0"], tmp_path)
+                             "--kv-cache-cold-max-tokens", "0", "--trace", str(trace)], tmp_path)
     try:
         body = json.dumps({"messages": [{"role": "user", "content": "Hello there"}], "temperature": 0}).encode()
         req = urllib.request.Request(url + "/v1/chat/completions", data=body)
@@ -58,6 +59,9 @@ def test_serve_process_sigint(tmp_path):
     text = log.read()
     assert "stopped" in text
     assert len(list(kv.glob("*.kv"))) == 1  # the shutdown checkpoint
+    t = trace.read_text()
+    assert "=== request 1 api=openai kind=chat" in t and "<｜User｜>Hello there<｜Assistant｜>" in t
+    assert "--- generated (" in t
 
 
 def test_serve_bad_flag_exits_2(tmp_path):

@@ -56,6 +56,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--disable-exact-dsml-tool-replay", action="store_true",
                    help="render prior tool calls canonically instead of replaying the sampled DSML")
     p.add_argument("--tool-memory-max-ids", type=_positive("--tool-memory-max-ids"), default=100000, metavar="N")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="append a human-readable trace of every request (prompt, output, cache decision) to FILE")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_arguments(p)
     p.set_defaults(func=run)
@@ -81,10 +83,19 @@ def run(args: argparse.Namespace) -> int:
         raise Ds4IOError(f"{path}: model file not found")
     engine = Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
     kv = from_args(args)
+    trace = None
+    if args.trace:
+        try:
+            trace = open(args.trace, "a", encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise Ds4IOError(f"--trace {args.trace}: {e.strerror}") from None
     cfg = ServerConfig(host=args.host, port=args.port, ctx=args.ctx, default_tokens=args.tokens, cors=args.cors,
                        tool_memory_max_ids=args.tool_memory_max_ids,
-                       exact_dsml_replay=not args.disable_exact_dsml_tool_replay)
+                       exact_dsml_replay=not args.disable_exact_dsml_tool_replay, trace=trace)
     try:
         return serve(engine, cfg, kv)
     except OSError as e:
         raise Ds4IOError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    finally:
+        if trace is not None:
+            trace.close()

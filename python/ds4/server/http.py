@@ -48,6 +48,7 @@ class ServerConfig:
     cors: bool = False
     tool_memory_max_ids: int = 100000
     exact_dsml_replay: bool = True
+    trace: Any = None  # a text stream: human-readable trace of every request (prompt, output, cache)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -169,7 +170,7 @@ class Server:
         if kv_cache is not None and max_ids > 0:
             fallback = kv_cache.tool_maps  # ids missing from memory may be in a cache file's KTM
         self.worker = Worker(engine, self.config.ctx, self.config.default_tokens, kv_cache,
-                             ToolMemory(max_ids, fallback))
+                             ToolMemory(max_ids, fallback), trace=self.config.trace)
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False

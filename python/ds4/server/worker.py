@@ -264,7 +264,8 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class Worker:
     """Owns ``engine``'s single live session (``ctx`` tokens) and executes jobs in order."""
 
-    def __init__(self, engine, ctx: int, default_tokens: int, kv_cache=None, tool_memory: ToolMemory | None = None) -> None:
+    def __init__(self, engine, ctx: int, default_tokens: int, kv_cache=None, tool_memory: ToolMemory | None = None,
+                 trace=None) -> None:
         self.engine = engine
         self.tok = engine.tokenizer
         self.session = engine.session(ctx=ctx)
@@ -283,6 +284,7 @@ class Worker:
         self._thinking_live: tuple[bytes, int] | None = None  # (visible transcript, live position)
         self._responses_live: tuple[bytes, int] | None = None  # same, after a Responses turn
         self.live = LiveBindings()
+        self.trace = trace  # a text stream for a human-readable per-request trace (--trace)
 
     # ---- queue ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -336,6 +338,16 @@ class Worker:
                 self.kv.shutdown(self.session, self.engine, **self._store_kw(visible=True))
             except Ds4Error as e:
                 log.warning("ds4-server: shutdown kv store failed: %s", e)
+
+    def _trace(self, text: str) -> None:
+        if self.trace is None:
+            return
+        try:
+            self.trace.write(text)
+            self.trace.flush()
+        except (OSError, ValueError) as e:
+            log.warning("ds4-server: trace write failed, tracing off: %s", e)
+            self.trace = None
 
     def _store_kw(self, visible: bool = False) -> dict:
         """Extra arguments for a disk-cache store: the tool map, and for evict/shutdown stores at
@@ -474,6 +486,9 @@ class Worker:
             self.live.clear("anthropic")
         log.info("ds4-server: %s prompt=%d cached=%d source=%s prefill %.3fs", req.kind, len(tokens), cached,
                  source, time.monotonic() - t0)
+        self._trace(f"=== request {self.seq + 1} api={req.api} kind={req.kind} think={req.think} "
+                    f"tools={int(req.has_tools)} stream={int(req.stream)} prompt={len(tokens)} cached={cached} "
+                    f"source={source} max_tokens={req.max_tokens}\n--- prompt text\n{req.prompt_text}\n")
 
         self.seq += 1
         resp_id = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{self.seq}"
@@ -569,6 +584,8 @@ class Worker:
             sink.response(200, shapes.completion_final(resp_id, req.model, final_text, finish, usage))
         if calls and self.tools.max_ids <= 0 and req.kind == "chat" and req.api != "responses":
             self._canonicalize(req, content or "", reasoning, calls)
+        self._trace(f"--- generated ({completion} tokens, finish={finish}{', error=' + err if err else ''})\n"
+                    f"{final_text}\n" + "".join(f"--- call {i} {c.name} {c.arguments}\n" for i, c in zip(ids, calls)))
         log.info("ds4-server: %s gen=%d finish=%s%s %.3fs", req.kind, completion, finish,
                  f' error="{err}"' if err else "", time.monotonic() - t0)
         return res
