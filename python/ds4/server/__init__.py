@@ -3,7 +3,8 @@
 One worker thread owns the engine and a single live session; requests are queued and run one at a
 time, and a conversation that extends the previous request only evaluates its new tokens
 (RUNTIME.md §9). Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /v1/messages`` (Anthropic), ``GET /v1/models``, ``GET /v1/models/deepseek-v4-flash``,
+``POST /v1/messages`` (Anthropic), ``POST /v1/responses`` (OpenAI Responses), ``GET /v1/models``,
+``GET /v1/models/deepseek-v4-flash``,
 ``GET /health``; streaming responses are server-sent events.
 
 Example::
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 from .http import Server, ServerConfig
 from .protocol import MODEL_ID, Request, RequestError, parse_anthropic, parse_chat, parse_completion
-from .worker import Job, JobResult, Sink, ToolMemory, Worker
+from .responses import parse_responses
+from .worker import Job, JobResult, LiveBindings, Sink, ToolMemory, Worker
 
 __all__ = [
     "Server",
@@ -29,7 +31,9 @@ __all__ = [
     "parse_chat",
     "parse_completion",
     "parse_anthropic",
+    "parse_responses",
     "Worker",
+    "LiveBindings",
     "Job",
     "JobResult",
     "Sink",

@@ -4,19 +4,30 @@ Port of upstream's ``worker_main`` / ``generate_job`` (RUNTIME.md §9.1, §9.5, 
 at a time, no batching. The live session is kept between requests, so a conversation that extends
 the previous one only evaluates its new tokens. Cache decision, in upstream's order:
 
-1. **memory-token**: the live tokens are a prefix of the request's tokens;
-2. **thinking-visible**: after a tool-less thinking turn, the next request replays the visible
+1. **responses-visible**: a Responses request whose rendered prompt extends the transcript the last
+   Responses turn left (hidden reasoning stays in the KV);
+2. **responses-tool-output** / **anthropic-tool-output**: the trailing tool outputs answer exactly
+   the live session's last calls: append EOS + the results to the live KV; a request that needs
+   this state but finds it replaced gets 409;
+3. **memory-token**: the live tokens are a prefix of the request's tokens;
+4. **thinking-visible**: after a tool-less thinking turn, the next request replays the visible
    transcript without the hidden reasoning; the live state (with reasoning) is kept and only the
    text after the remembered visible transcript is tokenized;
-3. **memory-text**: the decoded live text is a byte prefix of the rendered prompt;
-4. otherwise, with a disk KV cache, the live state is stored (``evict``) and the longest cached
-   text prefix is loaded (``disk``); else a cold prefill (stored ``cold`` when long enough).
+5. **memory-text**: the decoded live text is a byte prefix of the rendered prompt;
+6. otherwise, with a disk KV cache, the live state is stored (``evict``) and the longest cached
+   text prefix is loaded (``disk-text``); else a cold prefill (stored ``cold`` when long enough).
+
+The decode loop is the server's own (not :func:`ds4.generation.generate`) because its semantics
+differ: every sampled token is evaluated, stop strings match the raw bytes including reasoning,
+thinking mode overrides the sampling knobs, DSML syntax is sampled greedily, a closed tool block
+ends the turn, and continued disk checkpoints are written between tokens.
 
 Each job writes its own response through its :class:`Sink` (the client thread waits).
 """
 
 from __future__ import annotations
 
+import codecs
 import collections
 import dataclasses
 import logging
@@ -26,8 +37,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
-
-import codecs
 
 from ..chat import EOS as EOS_TEXT, DsmlTracker, ToolCall, parse_generated
 from ..errors import Ds4Error
