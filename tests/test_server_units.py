@@ -857,3 +857,20 @@ def test_responses_namespace_tools(tok):
     assert fc["type"] == "function_call" and fc["name"] == "read" and fc["namespace"] == "mcp__files__"
     assert json.loads(fc["arguments"]) == {"path": "a.txt"}
     assert list(fc)[:6] == ["id", "type", "status", "name", "namespace", "call_id"]
+
+
+@given(st.integers(0, 30))
+def test_completion_stream_never_leaks_a_stop_string(tok, cut):
+    text = "The quick brown fox jumps over the lazy dog"
+    stop = text[cut:cut + 5] if cut + 5 <= len(text) else "never"
+    eng = ScriptEngine(tok, text)
+    w = Worker(eng, ctx=4096, default_tokens=200)
+    req = parse_completion(json.dumps({"prompt": "p", "stream": True, "stop": [stop], "think": False}), tok, 4096)
+    _, body = _run_job(w, req)
+    chunks = _chunks([body])
+    streamed = "".join(c["choices"][0]["text"] for c in chunks)
+    expected = text[: text.find(stop)] if stop in text else text
+    assert streamed == expected
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"  # the stop string, or the script's EOS
+    if stop in text:
+        assert w.session.tokens == []  # a stop hit drops the live state (its KV ran past the cut)
