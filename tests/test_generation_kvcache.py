@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -278,3 +279,60 @@ def test_cli_unusable_cache_dir_is_a_clear_error(model_path, tmp_path):
 def test_cli_reference_and_cache_are_rejected(model_path, tmp_path):
     r = cli("generate", "--reference", "-m", str(model_path), "-p", "hi", "--kv-cache-dir", str(tmp_path))
     assert r.returncode == 2 and "--reference" in r.stderr
+
+
+# ---- call-time errors and the tool-call rule ----------------------------------------------------
+
+def test_prompt_errors_are_raised_at_call_time(engine, tmp_path):
+    from ds4.errors import ContextOverflowError, InvalidArgumentError
+
+    with pytest.raises(ContextOverflowError):
+        engine.generate(prompt=PROMPT, kv_cache=cache(tmp_path), ctx=64)
+    with pytest.raises(InvalidArgumentError):
+        engine.generate(prompt="", raw=True, kv_cache=cache(tmp_path), ctx=64)
+    with pytest.raises(InvalidArgumentError):
+        engine.generate(tokens=[], kv_cache=cache(tmp_path), ctx=64)
+
+
+class ScriptedSession:
+    """A real session (so it can be stored) whose logits pick ``script`` after the prompt."""
+
+    def __init__(self, session, prompt_len: int, script: list[int]) -> None:
+        self._s, self._base, self._script = session, prompt_len, script
+        self._logits = np.full(session.engine.shape.n_vocab, -20.0, dtype=np.float32)
+
+    @property
+    def logits(self):
+        self._logits.fill(-20.0)
+        self._logits[self._script[self._s.pos - self._base]] = 20.0
+        return self._logits
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+def test_no_continued_store_inside_or_after_a_tool_block(engine, tmp_path):
+    tok = engine.tokenizer
+    ids = build_prompt(tok, PROMPT, think="none", ctx=CTX)
+    P = len(ids)
+    script = tok.encode_rendered("hello there friend " * 4 + "\n\n<｜DSML｜tool_calls>\n" + "x y " * 30)
+    marker_at = next(k for k in range(len(script))
+                     if "<｜DSML｜tool_calls>".encode() in tok.decode_bytes(script[: k + 1]))
+    n = len(script) - 1
+    every = 16
+    assert P + marker_at + 2 * every < P + n  # the script runs well past the block start
+    s = ScriptedSession(engine.session(ctx=CTX), P, script)
+    kv = cache(tmp_path, continued_interval=every, cold_max_tokens=0)
+    fin = generate(engine, prompt=PROMPT, think="none", session=s, kv_cache=kv, dsml=True, max_tokens=n,
+                   temperature=0.0, stream=False)
+    assert list(fin.tokens) == script[:n]
+    # checks run at the top of every decode step, at positions P .. P + n - 1; once the marker is
+    # out (after step marker_at) none may store
+    want = {m: "continued" for m in range(every, P + marker_at + 1, every) if m >= MIN}
+    assert files(tmp_path) == want
+    # without the tool rule the same run stores past the marker too
+    kv2 = cache(tmp_path / "plain", continued_interval=every, cold_max_tokens=0)
+    s2 = ScriptedSession(engine.session(ctx=CTX), P, script)
+    generate(engine, prompt=PROMPT, think="none", session=s2, kv_cache=kv2, dsml=False, max_tokens=n,
+             temperature=0.0, stream=False)
+    assert max(files(tmp_path / "plain")) > P + marker_at
