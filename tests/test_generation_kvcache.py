@@ -122,6 +122,17 @@ def test_cold_then_hit_matches_no_cache_and_evaluates_only_the_suffix(engine, tm
     assert s2.tokens[:P] == build_prompt(engine.tokenizer, PROMPT, ctx=CTX)
 
 
+def test_whole_prompt_restored_evaluates_nothing(engine, tmp_path):
+    ref = engine.generate(prompt=PROMPT, **GREEDY)
+    P = ref.usage.prompt_tokens
+    kw = dict(KNOBS, boundary_align=4096)  # trimmed and aligned below MIN: the cold store is the whole prompt
+    engine.generate(prompt=PROMPT, kv_cache=KVCache(tmp_path, **kw), **GREEDY)
+    s = CountingSession(engine.session(ctx=CTX))
+    hit = engine.generate(prompt=PROMPT, kv_cache=KVCache(tmp_path, **kw), session=s, **GREEDY)
+    assert hit.usage.cached_tokens == P and s.evaluated == 0  # the logits came with the payload
+    assert hit.tokens == ref.tokens
+
+
 def test_sampled_generation_is_the_same_with_a_cache(engine, tmp_path):
     kw = dict(prompt=PROMPT, max_tokens=16, temperature=0.8, seed=7, ctx=CTX, stream=False)
     ref = engine.generate(**kw)
@@ -336,3 +347,22 @@ def test_no_continued_store_inside_or_after_a_tool_block(engine, tmp_path):
     generate(engine, prompt=PROMPT, think="none", session=s2, kv_cache=kv2, dsml=False, max_tokens=n,
              temperature=0.0, stream=False)
     assert max(files(tmp_path / "plain")) > P + marker_at
+
+
+def test_chat_repl_stores_evict_before_ctx_change_and_shutdown_on_quit(engine, model_path, tmp_path):
+    import io
+
+    from ds4.cli import build_parser
+    from ds4.commands.chat import ChatRepl
+    from ds4.kvcache import from_args
+
+    args = build_parser().parse_args(["chat", "-m", str(model_path), "-c", str(CTX), "-n", "8", "--temp", "0",
+                                      *kv_flags(tmp_path, every=0), "--kv-cache-cold-max-tokens", "0"])
+    out, err = io.StringIO(), io.StringIO()
+    repl = ChatRepl(engine, args, out, err, kv_cache=from_args(args))
+    # /ctx with the same size still drops the session; the next turn gets it back from the evict file
+    repl.loop(io.StringIO(PROMPT + "\n/ctx " + str(CTX) + "\nhi again\n/quit\n"))
+    first_turn = len(encode_chat_prompt(engine.tokenizer, PROMPT)) + 8 - 1
+    assert files(tmp_path) == {first_turn: "evict", repl.session.pos: "shutdown"}
+    assert re.search(rf"kv cache: {first_turn} of \d+ prompt tokens restored from disk", err.getvalue())
+    assert f"kv cache: saved {repl.session.pos} tokens" in err.getvalue()

@@ -32,7 +32,9 @@ during prefill and before decode steps. The ``shutdown`` store is the caller's
 (``kv_cache.shutdown(session, engine)`` on a clean exit; pass ``session=`` to keep the session).
 Prompts given as ``tokens=`` are looked up in token mode (only files whose token history is a
 prefix of them; the tokens are kept exactly). On a miss the prompt's own tokenization is used, so a
-run without any hit evaluates exactly what it evaluates without a cache.
+run without any hit evaluates exactly what it evaluates without a cache. On a hit the text after
+the cached prefix is tokenized on its own, as upstream does: when the prefix ends inside a word
+that BPE would have merged across, the tokens (and so the output) can differ from a cold run.
 
 Example::
 
