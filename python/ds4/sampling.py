@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -167,35 +168,123 @@ def argmax_excluding(logits, excluded: int) -> int:
 # order; ``np.sum`` would pair terms and change the last bits). Checked against upstream's sampler
 # compiled with its own flags (-O3 -ffast-math): gcc keeps these loops sequential, and a compiled
 # copy picks the same tokens as this module draw for draw.
+#
+# Speed (129,280 logits, one core): work over the whole vocabulary is limited to a few elementwise
+# passes; exp, sums and sorts run only on the tokens a filter can keep, found with thresholds that
+# are provably supersets of the kept set (the exact test then runs on the few survivors). Only
+# settings whose result depends on every token (min_p = 0, or the top_p total) exponentiate and sum
+# the whole vocabulary, into per-thread scratch buffers (a fresh 1 MB array costs more in page
+# faults than the exp itself).
+
+_scratch = threading.local()
 
 
-def _expf(x: np.ndarray) -> np.ndarray:
+def _buf(name: str, n: int, dtype) -> np.ndarray:
+    """A per-thread scratch array of n elements; never returned to a caller."""
+    b = getattr(_scratch, name, None)
+    if b is None or b.size < n:
+        b = np.empty(max(n, 1), dtype=dtype)
+        setattr(_scratch, name, b)
+    return b[:n]
+
+
+def _expf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float32 exp, correctly rounded: evaluated in double then rounded. glibc's ``expf`` agrees
     with this on all but ~0.06% of arguments; numpy's own float32 ``exp`` differs by an ulp on
     ~40% of them, which moves sampling boundaries."""
-    return np.exp(np.asarray(x, dtype=np.float64)).astype(np.float32)
+    x = np.asarray(x, dtype=np.float32)
+    wide = _buf("exp64", x.size, np.float64)
+    np.exp(x, out=wide, dtype=np.float64)  # widened exactly, exp in double
+    if out is None:
+        out = np.empty(x.size, dtype=np.float32)
+    out[...] = wide  # round to nearest float32
+    return out
 
 
 def _seq_sum(w: np.ndarray) -> np.float32:
     """float32 sum accumulated left to right, as upstream's ``sum += p`` loops."""
     if w.size == 0:
         return _F32(0)
-    return np.cumsum(w, dtype=np.float32)[-1]
+    return np.cumsum(w, dtype=np.float32, out=_buf("cum32", w.size, np.float32))[-1]
 
 
-def _top_sorted(vals: np.ndarray, k: int, finite: np.ndarray | None = None) -> np.ndarray:
-    """Indices of the k largest values (finite ones only when ``finite`` is given), ordered by
-    value desc then index asc (among equal values the earlier index wins, as upstream's insertion)."""
-    idx = np.arange(vals.size) if finite is None else np.flatnonzero(finite)
-    v = vals[idx] if finite is not None else vals
-    if k < idx.size:
-        thr = np.partition(v, idx.size - k)[idx.size - k]  # k-th largest
-        above = v > thr
-        need = k - int(np.count_nonzero(above))
-        above[np.flatnonzero(v == thr)[:need]] = True
-        idx = idx[above]
-    order = np.argsort(-vals[idx], kind="stable")
-    return idx[order]
+def _args(lg: np.ndarray, max_logit: np.float32, temperature: np.float32) -> np.ndarray:
+    """Upstream's ``(logit - max) / temperature`` in float32 (dividing by 1 is exact: skipped)."""
+    x = lg - max_logit
+    if temperature != 1:
+        np.divide(x, temperature, out=x)
+    return x
+
+
+def _flatnonzero(mask: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero`` for a 1-D bool mask (ascending)."""
+    return np.flatnonzero(mask)
+
+
+def _logit_floor(max_logit: np.float32, temperature: np.float32, min_p: np.float32) -> np.float32:
+    """A logit below which no token can pass ``expf(fl(fl(l - max) / t)) >= min_p``.
+
+    q = RN(exp(x)) >= m implies x >= log(m) - 2**-22 =: -L; x = (l - max)(1+e1)(1+e2)/t with
+    |e| <= 2**-24 (a quotient that underflows is within 2**-149 of 0, far above -L), so
+    l >= max - t * L * (1 + 2**-21). A wider margin is taken and the float32 is rounded down.
+    """
+    big_l = -math.log(min(float(min_p), 1.0)) + 2.0 ** -22
+    floor = float(max_logit) - float(temperature) * (big_l * (1 + 2.0 ** -16) + 2.0 ** -60)
+    if not floor > -3.0e38:
+        return _F32(-np.inf)
+    return np.nextafter(_F32(floor), _F32(-np.inf))
+
+
+def _rank_floor(vals: np.ndarray, k: int) -> np.float32:
+    """A value with at least k entries >= it and no more than the k-th largest entry.
+
+    The entries are split into ~4k groups (columns of a reshape); the k-th largest group maximum
+    is such a value: the k largest group maxima are k distinct entries >= it. For a large k the
+    k-th largest entry itself is taken (a partition).
+    """
+    n = vals.size
+    if k >= n:
+        return _F32(-np.inf)
+    rows = n // (4 * k)
+    if rows < 2:
+        return np.partition(vals, n - k)[n - k]
+    cols = n // rows
+    maxima = vals[: rows * cols].reshape(rows, cols).max(axis=0)
+    tail = vals[rows * cols:]
+    if tail.size:
+        maxima = np.concatenate([maxima, tail])
+    return np.partition(maxima, maxima.size - k)[maxima.size - k]
+
+
+def _order_desc(vals: np.ndarray) -> np.ndarray:
+    """Positions of finite ``vals`` by value desc, then position asc (a stable descending argsort).
+
+    numpy's stable argsort of float32 is slow; one uint64 key per entry (the float's bits mapped
+    to an order-preserving integer, then the position) sorts the same way with the fast sort.
+    """
+    if vals.size < 64:
+        return np.argsort(-vals, kind="stable")
+    neg = np.negative(vals) + _F32(0)  # + 0 turns -0.0 into 0.0: they are equal logits
+    u = neg.view(np.uint32)
+    key = np.where(u >> np.uint32(31), ~u, u | np.uint32(0x80000000)).astype(np.uint64)
+    key <<= np.uint64(32)
+    key |= np.arange(vals.size, dtype=np.uint64)
+    key.sort()
+    return (key & np.uint64(0xFFFFFFFF)).astype(np.intp)
+
+
+def _sorted_prefix(a: np.ndarray, floor, finite: np.ndarray | None) -> np.ndarray:
+    """Finite tokens with logit >= floor, by logit desc then index asc (a prefix of the full
+    sorted order: every token with a larger logit is in it)."""
+    idx = _flatnonzero(a >= floor) if finite is None else _flatnonzero((a >= floor) & finite)
+    return idx[_order_desc(a[idx])]
+
+
+def _top_sorted(a: np.ndarray, k: int, finite: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the k largest finite logits, ordered by value desc then index asc (among equal
+    values the earlier index wins, as upstream's insertion). ``finite`` None: all are finite."""
+    masked = a if finite is None else np.where(finite, a, -np.inf).astype(np.float32)
+    return _sorted_prefix(a, _rank_floor(masked, k), finite)[:k]
 
 
 def _filter_sorted(probs: np.ndarray, total: np.float32, top_p: np.float32, min_p: np.float32):
@@ -225,16 +314,17 @@ def _draw(probs: np.ndarray, total: np.float32, rng: Rng) -> int | None:
     in chunks that carry the running value so a long list stops early.
     """
     r = _F32(rng.uniform() * total)
+    seq = _buf("walk32", min(probs.size, _WALK_CHUNK) + 1, np.float32)
     for start in range(0, probs.size, _WALK_CHUNK):
         part = probs[start:start + _WALK_CHUNK]
-        seq = np.empty(part.size + 1, dtype=np.float32)
-        seq[0] = r
-        np.negative(part, out=seq[1:])
-        run = np.cumsum(seq, dtype=np.float32)
-        hit = np.flatnonzero(run[1:] <= 0)
+        s = seq[: part.size + 1]
+        s[0] = r
+        np.negative(part, out=s[1:])
+        np.cumsum(s, out=s)
+        hit = np.flatnonzero(s[1:] <= 0)
         if hit.size:
             return start + int(hit[0])
-        r = run[-1]
+        r = s[-1]
     return None
 
 
@@ -244,32 +334,77 @@ def _draw_sorted(cand: np.ndarray, w: np.ndarray, kept: int, rng: Rng) -> int:
     return int(cand[hit]) if hit is not None else int(cand[kept - 1])
 
 
-def _sample_full_vocab(a: np.ndarray, temperature, top_p, min_p, rng: Rng) -> int:
+def _finite_max(a: np.ndarray):
+    """(finite mask or None when every logit is finite, max finite logit or None when none is)."""
     hi, lo = a.max(), a.min()
-    finite = None if (np.isfinite(hi) and np.isfinite(lo)) else np.isfinite(a)  # None: all finite
-    if finite is not None and not finite.any():
-        return argmax(a)
-    if finite is None:
-        max_logit = hi
-    else:
-        max_logit = a[finite].max()
-    best = lambda: int(np.argmax(a == max_logit))  # first index of the max finite logit
-    args = ((a - max_logit) / temperature).astype(np.float32, copy=False)
-    if finite is not None:
-        args = np.where(finite, args, -np.inf).astype(np.float32)
+    if np.isfinite(hi) and np.isfinite(lo):
+        return None, hi
+    finite = np.isfinite(a)
+    if not finite.any():
+        return finite, None
+    return finite, a[finite].max()
 
-    if top_p >= 1:
-        # Only tokens with exp(arg) >= min_p are kept; pre-select with a margin, then test exactly.
-        if min_p > 0:
-            idx = np.flatnonzero(args >= _F32(math.log(min(float(min_p), 1.0)) - 1e-3))
-            w = _expf(args[idx])
-            keep = w >= min_p
-            idx, w = idx[keep], w[keep]
-        elif finite is None:
-            idx, w = None, _expf(args)  # every token is kept
+
+def _mass_prefix(a: np.ndarray, w_all: np.ndarray, total, top_p, finite: np.ndarray | None):
+    """A sorted prefix (logit desc, index asc) that very likely holds the top-p stop, or None.
+
+    Weights are binned by their float32 exponent and top 3 mantissa bits; each bin's lower edge
+    times its count bounds its mass from below, so the smallest edge whose cumulative lower-bound
+    mass reaches top_p * total (with a 2**-6 margin for the float32 running sum, whose relative
+    error is below n * 2**-24) gives a prefix where the walk stops. The caller checks that it did
+    (otherwise it widens the prefix): this only saves sorting the rest of the vocabulary.
+    """
+    bins = w_all.view(np.int32) >> 20  # weights are >= 0: exponent and 3 mantissa bits
+    counts = np.bincount(bins)
+    edges = (np.arange(counts.size, dtype=np.int32) << 20).view(np.float32)
+    mass = np.cumsum((counts * edges.astype(np.float64))[::-1])[::-1]
+    ok = np.flatnonzero(mass >= float(total) * float(top_p) * (1 + 2.0 ** -6))
+    if ok.size == 0:
+        return None
+    sel = w_all >= edges[ok[-1]]
+    if finite is not None:
+        sel &= finite
+    idx = _flatnonzero(sel)
+    return idx[_order_desc(a[idx])]
+
+
+def _sample_full_vocab(a: np.ndarray, temperature, top_p, min_p, rng: Rng) -> int:
+    finite, max_logit = _finite_max(a)
+    if max_logit is None:
+        return argmax(a)
+    best = lambda: int(np.argmax(a == max_logit))  # first index of the max finite logit
+
+    if top_p >= 1 and min_p > 0:
+        # Only tokens with exp(arg) >= min_p are kept: a logit floor selects a superset, the exact
+        # test runs on the survivors (index order is kept).
+        sel = a >= _logit_floor(max_logit, temperature, min_p)
+        if finite is not None:
+            sel &= finite
+        idx = _flatnonzero(sel)
+        w = _expf(_args(a[idx], max_logit, temperature))
+        keep = w >= min_p
+        idx, w = idx[keep], w[keep]
+        total = _seq_sum(w)
+        if not (total > 0 and np.isfinite(total)):
+            return best()
+        hit = _draw(w, total, rng)
+        return best() if hit is None else int(idx[hit])
+
+    # The remaining settings need every finite token's weight (non-finite logits weigh 0).
+    n = a.size
+    args = np.subtract(a, max_logit, out=_buf("args32", n, np.float32))
+    if temperature != 1:
+        np.divide(args, temperature, out=args)
+    if finite is not None:
+        args[~finite] = -np.inf
+    w_all = _expf(args, out=_buf("w32", n, np.float32))
+
+    if top_p >= 1:  # min_p == 0: every finite token is kept, in index order
+        if finite is None:
+            idx, w = None, w_all
         else:
-            idx = np.flatnonzero(finite)
-            w = _expf(args[idx])
+            idx = _flatnonzero(finite)
+            w = w_all[idx]
         total = _seq_sum(w)
         if not (total > 0 and np.isfinite(total)):
             return best()
@@ -279,36 +414,50 @@ def _sample_full_vocab(a: np.ndarray, temperature, top_p, min_p, rng: Rng) -> in
         return hit if idx is None else int(idx[hit])
 
     # Sorted branch: the total runs over every finite token.
-    w_all = _expf(args)  # non-finite logits give exp(-inf) = 0
     total = _seq_sum(w_all)
     if not (total > 0 and np.isfinite(total)):
         return best()
+    n_finite = n if finite is None else int(np.count_nonzero(finite))
+    masked = a if finite is None else np.where(finite, a, -np.inf).astype(np.float32)
     if min_p > 0:
-        # p/total >= (1/total)*min_p  <=>  p >= min_p up to a few ulps: a 0.1% margin is a superset.
-        pool = np.flatnonzero(w_all >= _F32(min(float(min_p), 1.0) * 0.999))
-        cand = pool[np.argsort(-a[pool], kind="stable")]
+        # p/total >= (1/total)*min_p  <=>  p >= min_p up to a few ulps: a 0.1% margin is a superset
+        # (the pool is a prefix of the sorted order; if its walk does not stop, the ladder below
+        # continues with larger prefixes).
+        c = _F32(min(float(min_p), 1.0) * 0.999)
+        pool = _flatnonzero(w_all >= c)
+        cand = pool[_order_desc(a[pool])]
         w = w_all[cand]
         kept = _filter_sorted(w, total, top_p, min_p)
-        return _draw_sorted(cand, w, kept if kept is not None else cand.size, rng)
-    n_finite = a.size if finite is None else int(np.count_nonzero(finite))
+        if kept is None and cand.size < n_finite:
+            # Every token outside the pool weighs less than the pool's bound c; if even the
+            # largest float32 below c fails the min-p test, the walk stops right after the pool.
+            min_prob = _F32(_F32(w[0] / total) * min_p)
+            if _F32(np.nextafter(c, _F32(0)) / total) < min_prob:
+                kept = cand.size
+        if kept is not None or cand.size >= n_finite:
+            return _draw_sorted(cand, w, kept if kept is not None else cand.size, rng)
+    cand = _mass_prefix(a, w_all, total, top_p, finite)
+    if cand is not None:
+        w = w_all[cand]
+        kept = _filter_sorted(w, total, top_p, min_p)
+        if kept is not None or cand.size >= n_finite:
+            return _draw_sorted(cand, w, kept if kept is not None else cand.size, rng)
     k = min(n_finite, 256)
-    masked = a if finite is None else np.where(finite, a, -np.inf)
     while True:  # sort only as many leading candidates as the top-p walk needs
-        cand = _top_sorted(masked, k, finite)
+        cand = _sorted_prefix(a, _rank_floor(masked, k) if k < n_finite else -np.inf, finite)
         w = w_all[cand]
         kept = _filter_sorted(w, total, top_p, min_p)
-        if kept is not None or k >= n_finite:
+        if kept is not None or cand.size >= n_finite:
             break
         k = min(n_finite, k * 8)
     return _draw_sorted(cand, w, kept if kept is not None else cand.size, rng)
 
 
 def _sample_top_k(a: np.ndarray, temperature, top_k: int, top_p, min_p, rng: Rng) -> int:
-    hi, lo = a.max(), a.min()
-    finite = None if (np.isfinite(hi) and np.isfinite(lo)) else np.isfinite(a)
-    if finite is not None and not finite.any():
+    finite, max_logit = _finite_max(a)
+    if max_logit is None:
         return argmax(a)
-    cand = _top_sorted(a if finite is None else np.where(finite, a, -np.inf), top_k, finite)
+    cand = _top_sorted(a, top_k, finite)
     vals = a[cand]
     w = _expf((vals - vals[0]) / temperature)
     total = _seq_sum(w)
