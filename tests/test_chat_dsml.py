@@ -193,3 +193,14 @@ def test_tracker_incremental_equals_from_scratch(calls, prefix, steps):
         assert tr.update(text[:pos]) == slow_state(text[:pos]), text[:pos]
         if pos == len(text):
             break
+
+
+def test_public_dsml_attribute_and_entity_helpers():
+    from ds4.chat import dsml_attr, dsml_unescape
+
+    assert dsml_unescape("a &lt;b&gt; &amp;amp; &quot;q&quot; &apos;s&apos; & &x;") == "a <b> &amp; \"q\" 's' & &x;"
+    tag = '<｜DSML｜parameter name="a&amp;b" string="true">'
+    assert dsml_attr(tag, "name") == "a&b"
+    assert dsml_attr(tag, "string") == "true"
+    assert dsml_attr(tag, "missing") is None
+    assert dsml_attr('<x name="unterminated>', "name") is None

@@ -55,6 +55,8 @@ __all__ = [
     "ParsedMessage",
     "parse_generated",
     "DsmlTracker",
+    "dsml_attr",
+    "dsml_unescape",
 ]
 
 BOS = "<｜begin▁of▁sentence｜>"
@@ -511,7 +513,9 @@ class ParsedMessage:
     ok: bool = True
 
 
-def _dsml_unescape(s: str) -> str:
+def dsml_unescape(s: str) -> str:
+    """Decode the five XML entities DSML uses in string parameters and attributes (``&amp;``,
+    ``&lt;``, ``&gt;``, ``&quot;``, ``&apos;``); any other ``&`` is kept as is."""
     out, i = [], 0
     entities = (("&amp;", "&"), ("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&apos;", "'"))
     while True:
@@ -530,7 +534,9 @@ def _dsml_unescape(s: str) -> str:
             i = j + 1
 
 
-def _dsml_attr(tag: str, name: str) -> str | None:
+def dsml_attr(tag: str, name: str) -> str | None:
+    """The unescaped value of attribute ``name="..."`` in a DSML tag's text, or None if absent
+    or unterminated."""
     pat = name + '="'
     p = tag.find(pat)
     if p < 0:
@@ -539,7 +545,7 @@ def _dsml_attr(tag: str, name: str) -> str | None:
     q = tag.find('"', p)
     if q < 0:
         return None
-    return _dsml_unescape(tag[p:q])
+    return dsml_unescape(tag[p:q])
 
 
 def _json_escape(s: str) -> str:
@@ -607,7 +613,7 @@ def _parse_leaf_params(text: str, p: int, tags) -> tuple[str, int] | None:
         if tag_end < 0:
             return None
         tag = text[p:tag_end + 1]
-        name, kind = _dsml_attr(tag, "name"), _dsml_attr(tag, "string")
+        name, kind = dsml_attr(tag, "name"), dsml_attr(tag, "string")
         if name is None:
             return None
         value_end = text.find(param_end, tag_end + 1)
@@ -615,7 +621,7 @@ def _parse_leaf_params(text: str, p: int, tags) -> tuple[str, int] | None:
             return None
         raw = text[tag_end + 1:value_end]
         kind = kind if kind is not None else "true"
-        members.append(_json_member(name, _dsml_unescape(raw) if kind == "true" else raw, kind))
+        members.append(_json_member(name, dsml_unescape(raw) if kind == "true" else raw, kind))
         p = value_end + len(param_end)
     if not members:
         return None
@@ -638,7 +644,7 @@ def _parse_block(text: str, start: int, style: str) -> tuple[list[ToolCall], int
         tag_end = text.find(">", p)
         if tag_end < 0:
             return None
-        name = _dsml_attr(text[p:tag_end + 1], "name")
+        name = dsml_attr(text[p:tag_end + 1], "name")
         if name is None:
             return None
         p = tag_end + 1
@@ -654,7 +660,7 @@ def _parse_block(text: str, start: int, style: str) -> tuple[list[ToolCall], int
             if tag_end < 0:
                 return None
             tag = text[p:tag_end + 1]
-            pname, kind = _dsml_attr(tag, "name"), _dsml_attr(tag, "string")
+            pname, kind = dsml_attr(tag, "name"), dsml_attr(tag, "string")
             if pname is None:
                 return None
             value_start = tag_end + 1
@@ -673,7 +679,7 @@ def _parse_block(text: str, start: int, style: str) -> tuple[list[ToolCall], int
                 return None
             raw = text[value_start:value_end]
             kind = kind if kind is not None else "true"
-            members.append(_json_member(pname, _dsml_unescape(raw) if kind == "true" else raw, kind))
+            members.append(_json_member(pname, dsml_unescape(raw) if kind == "true" else raw, kind))
             p = value_end + len(param_end)
         calls.append(ToolCall(name, "{" + ", ".join(members) + "}"))
 
@@ -840,7 +846,7 @@ class DsmlTracker:
                     if k < 0:
                         self.state = "structural"
                         return self.state
-                    is_string = _dsml_attr(text[self._pos:k + 1], "string") == "true"
+                    is_string = dsml_attr(text[self._pos:k + 1], "string") == "true"
                     self._pos = k + 1
                     if is_string:
                         self.mode, self.state = "string_body", "string_body"

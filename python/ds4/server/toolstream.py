@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from ..chat import _dsml_attr, _dsml_unescape  # the final parser's attribute / entity rules
+from ..chat import dsml_attr, dsml_unescape  # the final parser's attribute / entity rules
 from .textscan import C_SPACE, utf8_safe_len
 
 __all__ = ["ToolProjection"]
@@ -105,7 +105,7 @@ class ToolProjection:
                     gt = raw.find(b">", self._pos)
                     if gt < 0:
                         break
-                    name = _dsml_attr(raw[self._pos:gt + 1].decode("utf-8", "replace"), "name")
+                    name = dsml_attr(raw[self._pos:gt + 1].decode("utf-8", "replace"), "name")
                     if name is None:
                         return out + self._fail()
                     out += [("start", self.index, name), ("args", self.index, "{")]
@@ -131,7 +131,7 @@ class ToolProjection:
                 if gt < 0:
                     break
                 tag = raw[self._pos:gt + 1].decode("utf-8", "replace")
-                name, kind = _dsml_attr(tag, "name"), _dsml_attr(tag, "string")
+                name, kind = dsml_attr(tag, "name"), dsml_attr(tag, "string")
                 if name is None or kind is None:
                     return out + self._fail()
                 self._is_string = kind == "true"
@@ -167,5 +167,5 @@ class ToolProjection:
         if b <= a:
             return []
         text = raw[a:b].decode("utf-8", "replace")
-        frag = _json_fragment(_dsml_unescape(text)) if self._is_string else text
+        frag = _json_fragment(dsml_unescape(text)) if self._is_string else text
         return [("args", self.index, frag)]
