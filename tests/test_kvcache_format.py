@@ -164,3 +164,12 @@ def test_write_file_atomic_leaves_no_temp_on_error(tmp_path):
     assert list(tmp_path.iterdir()) == []
     assert fmt.write_file_atomic(target, [b"ab", b"cd"]) == 4
     assert target.read_bytes() == b"abcd" and list(tmp_path.iterdir()) == [target]
+
+
+def test_atomic_writer_temp_names_are_recognised_as_temp_files(tmp_path):
+    # ds4._atomic names the temp file; the cache's stale-temp cleanup must recognise that name.
+    import os
+
+    target = tmp_path / fmt.name_for_sha("ab" * 20)
+    assert fmt.is_temp_name(fmt.temp_path_for(target).name) == os.getpid()
+    assert fmt.is_temp_name(target.name) is None

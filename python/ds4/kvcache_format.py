@@ -35,12 +35,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import secrets
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Iterable, Mapping
 
+from ._atomic import temp_path, write_atomic
 from .errors import CacheFormatError
 
 __all__ = [
@@ -222,9 +222,10 @@ def is_temp_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def temp_path_for(path: Path) -> Path:
-    """``<path>.tmp.<pid>.<random>``: unique per writer, never matched as a cache entry."""
-    return path.with_name(f"{path.name}.tmp.{os.getpid()}.{secrets.token_hex(6)}")
+# temp name and atomic write: shared with other writers in ds4._atomic (the temp name
+# ``<name>.tmp.<pid>.<random>`` is what _TEMP_NAME recognises)
+temp_path_for = temp_path
+write_file_atomic = write_atomic
 
 
 # ---------------------------------------------------------------- KTM tool-id map trailer
@@ -287,48 +288,6 @@ def select_tool_map(text: bytes, tool_map: Mapping[str, bytes] | None) -> list[t
 
 
 # ---------------------------------------------------------------- files
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on directories; the rename is still atomic
-    finally:
-        os.close(fd)
-
-
-def write_file_atomic(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> int:
-    """Write ``chunks`` to ``path`` via a unique temp file + flush + fsync + rename.
-
-    A reader never sees a partial ``path``: until the rename the bytes live under a name that is
-    not a cache entry name. On any error the temp file is removed and the OSError propagates.
-    Returns the number of bytes written.
-    """
-    tmp = temp_path_for(path)
-    written = 0
-    try:
-        with open(tmp, "xb") as fp:
-            for chunk in chunks:
-                fp.write(chunk)
-                written += len(chunk)
-            fp.flush()
-            if fsync:
-                os.fsync(fp.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if fsync:
-        _fsync_dir(path.parent)
-    return written
-
 
 def read_header_file(fp: BinaryIO) -> KVCHeader:
     """Read and validate the 52-byte prefix of an open cache file positioned at 0."""
