@@ -57,6 +57,7 @@ __all__ = [
     "DsmlTracker",
     "dsml_attr",
     "dsml_unescape",
+    "TOOL_SYNTAXES",
 ]
 
 BOS = "<｜begin▁of▁sentence｜>"
@@ -473,13 +474,16 @@ def encode_chat_prompt(
 
 # ---- DSML tool-call parsing (model output, RUNTIME.md §8.2) ----------------------------------------
 
-_TAGSETS = {
-    "dsml": ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", "<｜DSML｜invoke", "</｜DSML｜invoke>",
-             "<｜DSML｜parameter", "</｜DSML｜parameter>"),
-    "short": ("<DSML｜tool_calls>", "</DSML｜tool_calls>", "<DSML｜invoke", "</DSML｜invoke>",
-              "<DSML｜parameter", "</DSML｜parameter>"),
-    "xml": ("<tool_calls>", "</tool_calls>", "<invoke", "</invoke>", "<parameter", "</parameter>"),
-}
+TOOL_SYNTAXES = (
+    # the tags of a tool block (block open/close, invoke open/close, parameter open/close) in the
+    # three spellings upstream accepts, in its preference order: full DSML, short DSML, plain XML
+    ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", "<｜DSML｜invoke", "</｜DSML｜invoke>",
+     "<｜DSML｜parameter", "</｜DSML｜parameter>"),
+    ("<DSML｜tool_calls>", "</DSML｜tool_calls>", "<DSML｜invoke", "</DSML｜invoke>",
+     "<DSML｜parameter", "</DSML｜parameter>"),
+    ("<tool_calls>", "</tool_calls>", "<invoke", "</invoke>", "<parameter", "</parameter>"),
+)
+_TAGSETS = dict(zip(("dsml", "short", "xml"), TOOL_SYNTAXES))
 # Block start markers in upstream's preference order, with the tag set each one selects.
 _BLOCK_STARTS = (
     ("\n\n<｜DSML｜tool_calls>", "dsml"), ("<｜DSML｜tool_calls>", "dsml"),
@@ -717,7 +721,7 @@ def parse_generated(text: str, thinking: bool) -> ParsedMessage:
 
 # ---- streaming DSML recognizer (drives the greedy rule, RUNTIME.md §8.3) ---------------------------
 
-_SYNTAXES = (_TAGSETS["dsml"], _TAGSETS["short"], _TAGSETS["xml"])
+_SYNTAXES = TOOL_SYNTAXES
 _MAX_START = max(len(s[0]) for s in _SYNTAXES)
 
 

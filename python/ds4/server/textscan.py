@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..chat import TOOL_SYNTAXES
+
 __all__ = [
     "C_SPACE",
     "utf8_safe_len",
@@ -19,22 +21,14 @@ __all__ = [
     "observe_tool_markers",
     "text_safe_limit",
     "ThinkingTracker",
+    "TOOL_SYNTAXES_UTF8",
 ]
 
 C_SPACE = b" \t\n\v\f\r"  # C isspace() in the "C" locale
 
-_SYNTAXES = tuple(
-    tuple(s.encode() for s in tags)
-    for tags in (
-        ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", "<｜DSML｜invoke", "</｜DSML｜invoke>",
-         "<｜DSML｜parameter", "</｜DSML｜parameter>"),
-        ("<DSML｜tool_calls>", "</DSML｜tool_calls>", "<DSML｜invoke", "</DSML｜invoke>",
-         "<DSML｜parameter", "</DSML｜parameter>"),
-        ("<tool_calls>", "</tool_calls>", "<invoke", "</invoke>", "<parameter", "</parameter>"),
-    )
-)
-_STARTS = tuple(s[0] for s in _SYNTAXES)
-_ENDS = tuple(s[1] for s in _SYNTAXES)
+TOOL_SYNTAXES_UTF8 = tuple(tuple(t.encode() for t in tags) for tags in TOOL_SYNTAXES)  # chat's table, as bytes
+_STARTS = tuple(s[0] for s in TOOL_SYNTAXES_UTF8)
+_ENDS = tuple(s[1] for s in TOOL_SYNTAXES_UTF8)
 THINK_START = b"<think>"
 THINK_END = b"</think>"
 

@@ -15,20 +15,10 @@ from __future__ import annotations
 import json
 
 from ..chat import dsml_attr, dsml_unescape  # the final parser's attribute / entity rules
-from .textscan import C_SPACE, utf8_safe_len
+from .textscan import C_SPACE, TOOL_SYNTAXES_UTF8 as _SYNTAXES, utf8_safe_len
 
 __all__ = ["ToolProjection"]
 
-_SYNTAXES = tuple(
-    tuple(s.encode() for s in tags)
-    for tags in (
-        ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", "<｜DSML｜invoke", "</｜DSML｜invoke>",
-         "<｜DSML｜parameter", "</｜DSML｜parameter>"),
-        ("<DSML｜tool_calls>", "</DSML｜tool_calls>", "<DSML｜invoke", "</DSML｜invoke>",
-         "<DSML｜parameter", "</DSML｜parameter>"),
-        ("<tool_calls>", "</tool_calls>", "<invoke", "</invoke>", "<parameter", "</parameter>"),
-    )
-)
 _ENTITIES = (b"&amp;", b"&lt;", b"&gt;", b"&quot;", b"&apos;")
 _BETWEEN_INVOKES, _BETWEEN_PARAMS, _VALUE = "invokes", "params", "value"
 
