@@ -31,7 +31,7 @@ from .protocol import (
     _str,
     _load,
 )
-from .textscan import THINK_END, THINK_START, find_tool_start, text_safe_limit, utf8_safe_len
+from .streams import Projection
 
 __all__ = ["parse_responses", "responses_final", "ResponsesStream", "responses_usage", "rid"]
 
@@ -291,14 +291,11 @@ class ResponsesStream:
         self.created = int(time.time())
         self.seq = 0
         self.next_index = 0
-        self.mode = "thinking" if req.thinking else "text"
-        self.emit_pos = 0
-        self.checked_prefix = False
+        self.proj = Projection(req.thinking, req.has_tools, tools_on_final=False, live_tools=False)
         self.rs_id, self.msg_id = rid("rs_"), rid("msg_")
         self.rs_index = self.msg_index = -1
         self.reasoning = bytearray()
         self.message = bytearray()
-        self.reasoning_closed = False  # </think> was seen
         self.summary_started = False
 
     def _name_fields(self, name: str) -> dict:
@@ -353,53 +350,20 @@ class ResponsesStream:
                            "delta": data.decode("utf-8", "replace")})
 
     def update(self, raw: bytes, final: bool = False) -> bool:
-        n = len(raw)
-        if self.mode == "thinking":
-            if not self.checked_prefix:
-                if n < len(THINK_START) and THINK_START.startswith(raw) and not final:
-                    return True
-                if raw.startswith(THINK_START):
-                    self.emit_pos = len(THINK_START)
-                self.checked_prefix = True
-            close = raw.find(THINK_END, self.emit_pos)
-            if close >= 0:
-                limit = close
-            elif final:
-                limit = n
-            else:
-                hold = len(THINK_END) - 1
-                limit = utf8_safe_len(raw, self.emit_pos, n - hold if n > hold else self.emit_pos)
-            if limit > self.emit_pos:
-                if self.req.reasoning_summary and not self._reasoning_delta(raw[self.emit_pos:limit]):
+        for kind, data in self.proj.update(raw, final):
+            if kind == "reasoning":
+                if self.req.reasoning_summary and not self._reasoning_delta(data):
                     return False
-                self.emit_pos = limit
-            if close >= 0:
-                self.emit_pos = close + len(THINK_END)
-                self.mode = "text"
-                self.reasoning_closed = True
-            else:
-                if final:
-                    self.mode = "suppress"
-                return True
-        if self.mode == "text":
-            tool = find_tool_start(raw, self.emit_pos) if self.req.has_tools else -1
-            limit = text_safe_limit(raw, self.emit_pos, n, self.req.has_tools, final)
-            if limit > self.emit_pos:
-                if not self._text_delta(raw[self.emit_pos:limit]):
+            elif kind == "content":
+                if not self._text_delta(data):
                     return False
-                self.emit_pos = limit
-            if tool >= 0:
-                self.emit_pos = tool
-                self.mode = "suppress"
-            elif final:
-                self.mode = "suppress"
         return True
 
     def finish(self, raw: bytes, recovered: bool, calls: Sequence[ToolCall], ids: Sequence[str], finish: str,
                usage: shapes.Usage) -> bool:
         if not self.update(raw, final=True):
             return False
-        rs_status = "completed" if self.reasoning_closed else "incomplete"
+        rs_status = "completed" if self.proj.reasoning_closed else "incomplete"
         reasoning = self.reasoning.decode("utf-8", "replace")
         if self.rs_index >= 0:
             summary = [{"type": "summary_text", "text": reasoning}] if reasoning else []
@@ -412,10 +376,10 @@ class ResponsesStream:
                         "item": {"id": self.rs_id, "type": "reasoning", "status": rs_status, "summary": summary}}):
                 if not self._emit(ev):
                     return False
-        if recovered and self.emit_pos < len(raw):  # a malformed tool block became text: flush it
-            if not self._text_delta(raw[self.emit_pos:]):
+        if recovered and self.proj.emit_pos < len(raw):  # a malformed tool block became text: flush it
+            if not self._text_delta(raw[self.proj.emit_pos:]):
                 return False
-            self.emit_pos = len(raw)
+            self.proj.emit_pos = len(raw)
         status = _item_status(finish)
         text = self.message.decode("utf-8", "replace")
         if self.msg_index >= 0:

@@ -16,7 +16,7 @@ from . import shapes
 from .textscan import THINK_END, THINK_START, find_tool_start, text_safe_limit, utf8_safe_len
 from .toolstream import ToolProjection
 
-__all__ = ["OpenAIChatStream", "AnthropicStream"]
+__all__ = ["OpenAIChatStream", "AnthropicStream", "Projection"]
 
 Send = Callable[[bytes], bool]
 
@@ -27,18 +27,23 @@ def _text(b: bytes) -> str:
     return b.decode("utf-8", errors="replace")
 
 
-class _Projection:
-    """Shared reasoning/text/tool splitter. ``update`` returns ("reasoning" | "content", bytes),
-    ("close_reasoning" | "close_content", b"") and ("tool", event) items in order.
-    ``tools_on_final``: also start the live tool projection on the final flush (OpenAI does;
-    Anthropic leaves such a late block to its end-of-turn emitter)."""
+class Projection:
+    """Shared reasoning/text/tool splitter of every streaming API. ``update`` returns
+    ("reasoning" | "content", bytes), ("close_reasoning" | "close_content", b"") and
+    ("tool", event) items in order. ``tools_on_final``: also start the live tool projection on
+    the final flush (OpenAI does; Anthropic leaves such a late block to its end-of-turn emitter).
+    ``live_tools`` False: a tool block only ends the text (the Responses API sends calls whole).
+    ``emit_pos`` is how far ``raw`` has been handed out; ``reasoning_closed`` whether
+    ``</think>`` was seen."""
 
-    def __init__(self, thinking: bool, has_tools: bool, tools_on_final: bool) -> None:
+    def __init__(self, thinking: bool, has_tools: bool, tools_on_final: bool, live_tools: bool = True) -> None:
         self.mode = _THINKING if thinking else _TEXT
         self.has_tools = has_tools
         self.tools_on_final = tools_on_final
+        self.live_tools = live_tools
         self.emit_pos = 0
         self.checked_prefix = False
+        self.reasoning_closed = False
         self.tool: ToolProjection | None = None
 
     def update(self, raw: bytes, final: bool) -> list[tuple[str, bytes]]:
@@ -67,6 +72,7 @@ class _Projection:
                 out.append(("close_reasoning", b""))
                 self.emit_pos = close + len(THINK_END)
                 self.mode = _TEXT
+                self.reasoning_closed = True
             elif final:
                 out.append(("close_reasoning", b""))
                 self.mode = _SUPPRESS
@@ -82,7 +88,7 @@ class _Projection:
             if tool >= 0:
                 out.append(("close_content", b""))
                 self.emit_pos = tool
-                if not final or self.tools_on_final:
+                if self.live_tools and (not final or self.tools_on_final):
                     self.tool = ToolProjection(raw, tool)
                 self.mode = _TOOL if self.tool is not None and self.tool.active else _SUPPRESS
             elif final:
@@ -103,7 +109,7 @@ class OpenAIChatStream:
     def __init__(self, send: Send, resp_id: str, model: str, thinking: bool, has_tools: bool,
                  new_id: Callable[[], str] = lambda: "") -> None:
         self.send, self.id, self.model = send, resp_id, model
-        self.proj = _Projection(thinking, has_tools, tools_on_final=True)
+        self.proj = Projection(thinking, has_tools, tools_on_final=True)
         self.new_id = new_id
         self.tool_ids: list[str] = []  # ids already sent for streamed calls, by index
 
@@ -156,7 +162,7 @@ class AnthropicStream:
     def __init__(self, send: Send, resp_id: str, model: str, thinking: bool, has_tools: bool,
                  new_id: Callable[[], str] = lambda: "") -> None:
         self.send, self.id, self.model = send, resp_id, model
-        self.proj = _Projection(thinking, has_tools, tools_on_final=False)
+        self.proj = Projection(thinking, has_tools, tools_on_final=False)
         self.new_id = new_id
         self.tool_ids: list[str] = []
         self.index = 0
