@@ -263,3 +263,13 @@ def test_missing_special_token_is_reported():
     t = Tokenizer(["a", "b"], [])
     with pytest.raises(TokenizerError, match="begin▁of▁sentence"):
         encode_chat_prompt(t, "a")
+
+
+def test_content_text_accepts_the_client_content_shapes():
+    from ds4.chat import content_text
+
+    assert content_text(None) == ""
+    assert content_text("plain") == "plain"
+    assert content_text(["a", {"type": "text", "text": "b"}, {"type": "image_url"}, {"text": 3}, 7]) == "ab"
+    assert content_text(("x", {"text": "y"})) == "xy"
+    assert content_text({"text": "not a list"}) == ""

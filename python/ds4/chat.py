@@ -58,6 +58,7 @@ __all__ = [
     "dsml_attr",
     "dsml_unescape",
     "TOOL_SYNTAXES",
+    "content_text",
 ]
 
 BOS = "<｜begin▁of▁sentence｜>"
@@ -157,8 +158,9 @@ def think_mode_for_context(think: str | bool | None, ctx: int | None) -> str:
 # ---- message fields ------------------------------------------------------------------------------
 
 
-def _content(value: Any) -> str:
-    """content: string | None | list of strings / {"text": ...} parts (concatenated, §9.3)."""
+def content_text(value: Any) -> str:
+    """A message's text from its ``content`` as clients send it: a string, None, or a list of
+    strings / ``{"text": ...}`` parts (concatenated; other parts ignored) (RUNTIME.md §9.3)."""
     if value is None:
         return ""
     if isinstance(value, str):
@@ -188,7 +190,7 @@ def _reasoning(m: Any) -> str:
     r = _get(m, "reasoning_content")
     if r is None:
         r = _get(m, "reasoning")
-    return _content(r)
+    return content_text(r)
 
 
 def _calls(m: Any) -> list[tuple[str, str]]:
@@ -373,7 +375,7 @@ def render(
         if role in ("system", "developer"):
             if system:
                 system += "\n\n"
-            system += _content(_get(m, "content"))
+            system += content_text(_get(m, "content"))
     tool_context = bool(schemas) or any(
         (role == "assistant" and _calls(m)) or role in ("tool", "function") for m, role in zip(messages, roles)
     )
@@ -386,12 +388,12 @@ def render(
     pending_assistant = pending_tool = False
     for i, (m, role) in enumerate(zip(messages, roles)):
         if role == "user":
-            out += [USER, _content(_get(m, "content"))]
+            out += [USER, content_text(_get(m, "content"))]
             pending_assistant, pending_tool = True, False
         elif role in ("tool", "function"):
             if not pending_tool:
                 out.append(USER)
-            out += ["<tool_result>", _escape_tool_result(_content(_get(m, "content"))), "</tool_result>"]
+            out += ["<tool_result>", _escape_tool_result(content_text(_get(m, "content"))), "</tool_result>"]
             pending_assistant = pending_tool = True
         elif role == "assistant":
             if pending_assistant:
@@ -400,7 +402,7 @@ def render(
                     out += [THINK_START, _reasoning(m), THINK_END]
                 else:
                     out.append(THINK_END)  # thinking off, or an old turn whose reasoning is dropped
-            out.append(_content(_get(m, "content")))
+            out.append(content_text(_get(m, "content")))
             out.append(render_tool_calls(_calls(m), _get(m, "raw_dsml")))
             out.append(EOS)
             pending_assistant = pending_tool = False

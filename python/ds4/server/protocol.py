@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from json.decoder import scanstring
 from typing import Any, Mapping
 
-from ..chat import render, render_completion, think_mode_for_context
+from ..chat import content_text, render, render_completion, think_mode_for_context
 from ..errors import Ds4Error
 
 __all__ = [
@@ -381,22 +381,6 @@ def _finish(req: Request, messages: list[dict], schemas: str, tokenizer, tool_me
 # ---- OpenAI ---------------------------------------------------------------------------------------
 
 
-def _openai_content(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, str):
-        return v
-    if isinstance(v, list):
-        out = []
-        for p in v:
-            if isinstance(p, str):
-                out.append(p)
-            elif isinstance(p, Mapping) and isinstance(p.get("text"), str):
-                out.append(p["text"])
-        return "".join(out)
-    return ""
-
-
 def _openai_messages(v: Any) -> list[dict]:
     if not isinstance(v, list):
         raise RequestError(400, _INVALID)
@@ -407,8 +391,8 @@ def _openai_messages(v: Any) -> list[dict]:
         role = m.get("role")
         msg: dict[str, Any] = {
             "role": role if isinstance(role, str) else "user",
-            "content": _openai_content(m.get("content")),
-            "reasoning_content": _openai_content(m.get("reasoning_content")),
+            "content": content_text(m.get("content")),
+            "reasoning_content": content_text(m.get("reasoning_content")),
         }
         calls = []
         for c in m.get("tool_calls") or []:
@@ -468,7 +452,7 @@ def parse_completion(body: bytes | str, tokenizer, ctx: int, default_tokens: int
 
 
 def _tool_result_text(v: Any) -> str:
-    return _openai_content(v).replace("</tool_result>", "&lt;/tool_result>")
+    return content_text(v).replace("</tool_result>", "&lt;/tool_result>")
 
 
 def _anthropic_messages(v: Any) -> tuple[list[dict], set[str], list[str]]:
@@ -508,8 +492,8 @@ def _anthropic_messages(v: Any) -> tuple[list[dict], set[str], list[str]]:
                         msg_ids.append(rid)
                     content += "<tool_result>" + _tool_result_text(block.get("content")) + "</tool_result>"
                 else:
-                    content += _openai_content(block.get("text")) if "text" in block else ""
-                    reasoning += _openai_content(block.get("thinking")) if "thinking" in block else ""
+                    content += content_text(block.get("text")) if "text" in block else ""
+                    reasoning += content_text(block.get("thinking")) if "thinking" in block else ""
         msg: dict[str, Any] = {"role": role, "content": content, "reasoning_content": reasoning}
         if calls:
             msg["tool_calls"] = calls

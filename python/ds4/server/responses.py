@@ -16,7 +16,7 @@ import secrets
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..chat import ToolCall
+from ..chat import ToolCall, content_text
 from . import shapes
 from .protocol import (
     _INVALID,
@@ -27,7 +27,6 @@ from .protocol import (
     _attach_replay,
     _finish,
     _prepare_live_tail,
-    _openai_content,
     _str,
     _load,
 )
@@ -81,7 +80,7 @@ def _items(v: Any) -> tuple[list[dict], list[str], set[str]]:
         call_id = it.get("call_id") if isinstance(it.get("call_id"), str) else (
             it.get("id") if isinstance(it.get("id"), str) else None)
         if t == "message":
-            msg = {"role": role or "user", "content": _openai_content(it.get("content"))}
+            msg = {"role": role or "user", "content": content_text(it.get("content"))}
             if msg["role"] == "assistant" and pending:
                 msg["reasoning_content"] = take_pending()
             msgs.append(msg)
@@ -111,14 +110,14 @@ def _items(v: Any) -> tuple[list[dict], list[str], set[str]]:
         elif t in _OUTPUT_TYPES:
             body = next((it[k] for k in ("output", "result", "tools") if it.get(k) is not None), "")
             content = body if isinstance(body, str) else (
-                _openai_content(body) if isinstance(body, list) and t != "tool_search_output" else _raw(body))
+                content_text(body) if isinstance(body, list) and t != "tool_search_output" else _raw(body))
             msgs.append({"role": "tool", "content": content, "tool_call_id": call_id,
                          "tool_call_ids": [call_id] if call_id else []})
             if call_id:
                 outputs.append(call_id)
         elif t == "reasoning":
             for key in ("summary", "content"):
-                text = _openai_content(it.get(key))
+                text = content_text(it.get(key))
                 if text:
                     pending = (pending + "\n" if pending else "") + text
         elif not bookkeeping:
