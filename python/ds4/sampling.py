@@ -169,12 +169,17 @@ def argmax_excluding(logits, excluded: int) -> int:
 # compiled with its own flags (-O3 -ffast-math): gcc keeps these loops sequential, and a compiled
 # copy picks the same tokens as this module draw for draw.
 #
-# Speed (129,280 logits, one core): work over the whole vocabulary is limited to a few elementwise
-# passes; exp, sums and sorts run only on the tokens a filter can keep, found with thresholds that
-# are provably supersets of the kept set (the exact test then runs on the few survivors). Only
-# settings whose result depends on every token (min_p = 0, or the top_p total) exponentiate and sum
-# the whole vocabulary, into per-thread scratch buffers (a fresh 1 MB array costs more in page
-# faults than the exp itself).
+# Speed (129,280 logits, one core; bench/sampling.py). Every shortcut below leaves the picks
+# unchanged (tests/test_sampling.py compares against a plain whole-vocabulary implementation):
+# * work over the whole vocabulary is a few elementwise passes; exp, sums and sorts run on the
+#   tokens a filter can keep, found with thresholds proven to select a superset (the exact test
+#   then runs on the survivors): a logit floor for min_p, group maxima for top_k / top_logprobs;
+# * orderings use a uint64 key sort (numpy's stable float32 argsort is ~10x slower);
+# * the top_p branch needs the sequential total of every weight only where its filters stop: with
+#   min_p > 0 a proven interval around it usually decides, and the exact sum (a whole-vocabulary
+#   cumsum, the costliest single step at ~0.28 ms) runs only when the interval's ends disagree;
+# * whole-vocabulary arrays live in per-thread scratch buffers (a fresh 1 MB array costs more in
+#   page faults than the exp itself).
 
 _scratch = threading.local()
 
@@ -193,7 +198,7 @@ def _expf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     with this on all but ~0.06% of arguments; numpy's own float32 ``exp`` differs by an ulp on
     ~40% of them, which moves sampling boundaries."""
     x = np.asarray(x, dtype=np.float32)
-    wide = _buf("exp64", x.size, np.float64)
+    wide = _buf("expf64", x.size, np.float64)  # not "exp64": the caller may hold that one
     np.exp(x, out=wide, dtype=np.float64)  # widened exactly, exp in double
     if out is None:
         out = np.empty(x.size, dtype=np.float32)
