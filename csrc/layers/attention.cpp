@@ -4,6 +4,7 @@
 
 #include "common/thread_pool.h"
 #include "layers/numerics.h"
+#include "quant/kernels.h"
 
 namespace ds4 {
 
@@ -13,6 +14,7 @@ void attend(const AttentionInputs& in, float* out, float* scores, ThreadPool* po
     const int64_t n_raw = in.kv->layers[in.il].n_raw;
     const int64_t stride = in.kv->raw_cap + in.n_comp;
     const float kq_scale = 1.0f / std::sqrt((float)D);
+    const DotF32 dot = simd_path() == SimdPath::Scalar ? dot_f32 : dot_f32_lanes;
 
     auto heads = [&](int64_t h0, int64_t h1) {
         for (int64_t h = h0; h < h1; ++h) {
@@ -20,7 +22,7 @@ void attend(const AttentionInputs& in, float* out, float* scores, ThreadPool* po
             float* sc = scores + h * stride;
             float mx = in.sinks[h];
             for (int64_t r = 0; r < n_raw; ++r) {
-                sc[r] = dot_f32(qh, in.kv->raw_row(in.il, r), D) * kq_scale;
+                sc[r] = dot(qh, in.kv->raw_row(in.il, r), D) * kq_scale;
                 if (sc[r] > mx) mx = sc[r];
             }
             for (int64_t r = 0; r < in.n_comp; ++r) {
@@ -29,7 +31,7 @@ void attend(const AttentionInputs& in, float* out, float* scores, ThreadPool* po
                     v = kNeg;
                     continue;
                 }
-                v = dot_f32(qh, in.comp + r * D, D) * kq_scale;
+                v = dot(qh, in.comp + r * D, D) * kq_scale;
                 if (v > mx) mx = v;
             }
             float* oh = out + h * D;

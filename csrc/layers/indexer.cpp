@@ -6,6 +6,7 @@
 #include "common/thread_pool.h"
 #include "layers/fp_quant.h"
 #include "layers/numerics.h"
+#include "quant/kernels.h"
 
 namespace ds4 {
 
@@ -18,12 +19,13 @@ void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* 
     const float scale = 1.0f / std::sqrt((float)(hd * nh));
     for (int64_t h = 0; h < nh; ++h) w[h] *= scale;
 
+    const DotF32 dot = simd_path() == SimdPath::Scalar ? dot_f32 : dot_f32_lanes;
     auto score_rows = [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {
             const float* kv = rows + c * hd;
             float acc = 0.0f;
             for (int64_t h = 0; h < nh; ++h) {
-                float d = dot_f32(kv, q + h * hd, hd);
+                float d = dot(kv, q + h * hd, hd);
                 if (d < 0.0f) d = 0.0f;
                 acc += d * w[h];
             }
