@@ -102,7 +102,7 @@ void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scr
             if (indexer_needed(s, C.n_index_comp)) {
                 if (!need_indexer) fail(ErrorKind::InvalidArgument, "internal: indexer inputs were not prepared");
                 indexer_select(s, rope, pos, &sc.iq[b * s.index_q_dim()], &sc.iw[b * s.indexer_heads],
-                               C.index_comp.data(), C.n_index_comp, sc.iscores.data(), sc.allowed.data(), pool);
+                               C.index_comp.data(), C.n_index_comp, sc.iscores.data(), sc.order.data(), sc.allowed.data(), pool);
                 allowed = sc.allowed.data();
             }
         }

@@ -1,6 +1,7 @@
 #include "layers/indexer.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "common/thread_pool.h"
@@ -11,7 +12,7 @@
 namespace ds4 {
 
 void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* q, float* w, const float* rows,
-                    int64_t n_comp, float* scores, uint8_t* allowed, ThreadPool* pool) {
+                    int64_t n_comp, float* scores, int32_t* order, uint8_t* allowed, ThreadPool* pool) {
     const int64_t nh = s.indexer_heads;
     const int64_t hd = s.indexer_head_dim;
     rope_tail(q, nh, hd, s.n_rot, pos, rope, false);
@@ -34,21 +35,20 @@ void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* 
     };
     if (pool) pool->parallel_for(n_comp, score_rows, 64); else score_rows(0, n_comp);
 
-    if (n_comp <= 0) return;
-    std::memset(allowed, 0, (size_t)n_comp);
-    const int64_t k = s.indexer_top_k < n_comp ? s.indexer_top_k : n_comp;
-    // Repeated strict-max scans: ties go to the lowest index, like upstream.
-    for (int64_t i = 0; i < k; ++i) {
-        int64_t best = 0;
-        float best_score = kNeg;
-        for (int64_t c = 0; c < n_comp; ++c) {
-            if (!allowed[c] && scores[c] > best_score) {
-                best = c;
-                best_score = scores[c];
-            }
-        }
-        allowed[best] = 1;
+    select_top_k(scores, n_comp, s.indexer_top_k, order, allowed);
+}
+
+void select_top_k(const float* scores, int64_t n, int64_t k, int32_t* order, uint8_t* allowed) {
+    std::memset(allowed, 0, (size_t)n);
+    int64_t m = 0;
+    for (int64_t c = 0; c < n; ++c) {
+        if (scores[c] > kNeg) order[m++] = (int32_t)c;   // false for NaN and the sentinel
     }
+    const int64_t take = std::min(k, m);
+    auto better = [scores](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
+    if (take < m) std::nth_element(order, order + take, order + m, better);
+    for (int64_t i = 0; i < take; ++i) allowed[order[i]] = 1;
+    if (take < k && n > 0) allowed[0] = 1;
 }
 
 }  // namespace ds4
