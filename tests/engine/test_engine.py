@@ -97,3 +97,27 @@ def test_sessions_run_in_parallel_threads(tiny_engine) -> None:
         s = tiny_engine.session(ctx=64)
         s.sync(toks[i])
         assert np.array_equal(out[i], s.logits)
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_progress_exceptions_propagate_at_a_boundary(tiny_path, exc) -> None:
+    import os
+    import signal
+
+    eng = ds4.Engine(tiny_path, threads=1, prefill_chunk=8)
+    toks = np.random.default_rng(1).integers(0, 512, 40).tolist()
+    s = eng.session(ctx=64)
+
+    def progress(done: int, total: int) -> None:
+        if done == 16:
+            if exc is KeyboardInterrupt:
+                os.kill(os.getpid(), signal.SIGINT)   # delivered as KeyboardInterrupt by Python
+                return
+            raise exc("stop")
+
+    with pytest.raises(exc):
+        s.sync(toks, progress=progress)
+    assert s.pos in (16, 24) and s.tokens == toks[:s.pos]
+    ref = eng.session(ctx=64)
+    ref.sync(toks[:s.pos])
+    assert np.array_equal(s.logits, ref.logits)
