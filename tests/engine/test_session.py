@@ -205,3 +205,18 @@ def test_logits_are_a_readonly_view(tiny_engine) -> None:
     s.eval(6)
     assert v is s.logits and not np.array_equal(v, before)
     assert s.argmax() == int(np.argmax(v))
+
+
+def test_payload_from_smaller_ctx_loads_when_layout_matches(tiny_engine) -> None:
+    # ctx >= 2048 all share the 2048 chunk tag and 128-row window (RUNTIME.md §6.2 step 5), so a
+    # ctx-2048 payload loads into a ctx-4096 session and continues bit-identically.
+    toks = _tokens(60, 13)
+    small = tiny_engine.session(ctx=2048)
+    small.sync(toks)
+    big = tiny_engine.session(ctx=4096)
+    big.load_payload(small.save_payload())
+    small.eval(7)
+    big.eval(7)
+    assert np.array_equal(small.logits, big.logits)
+    with pytest.raises(CacheFormatError):          # and not into a smaller context
+        tiny_engine.session(ctx=2047).load_payload(big.save_payload())
