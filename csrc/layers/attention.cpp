@@ -1,6 +1,7 @@
 #include "layers/attention.h"
 
 #include <cmath>
+#include <functional>
 
 #include "common/thread_pool.h"
 #include "layers/numerics.h"
@@ -55,7 +56,7 @@ void attend(const AttentionInputs& in, float* out, float* scores, ThreadPool* po
             for (int64_t i = 0; i < D; ++i) oh[i] *= inv;
         }
     };
-    if (pool) pool->parallel_for(s.n_head, heads, 1); else heads(0, s.n_head);
+    if (pool) pool->parallel_for(s.n_head, std::ref(heads), 1); else heads(0, s.n_head);
 }
 
 }  // namespace ds4

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <functional>
 #include <cstring>
 
 #include "common/thread_pool.h"
@@ -33,7 +34,7 @@ void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* 
             scores[c] = acc;
         }
     };
-    if (pool) pool->parallel_for(n_comp, score_rows, 64); else score_rows(0, n_comp);
+    if (pool) pool->parallel_for(n_comp, std::ref(score_rows), 64); else score_rows(0, n_comp);
 
     select_top_k(scores, n_comp, s.indexer_top_k, order, allowed);
 }

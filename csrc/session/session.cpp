@@ -9,10 +9,15 @@
 
 namespace ds4 {
 
+namespace {
+constexpr int64_t kKeepBatchScratch = 256;   // tokens of batch scratch kept between calls
+}  // namespace
+
 Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::move(model)) {
     if (ctx < 2) fail(ErrorKind::InvalidArgument, "session context must be at least 2 tokens, got " + std::to_string(ctx));
     if (ctx > 0x7fffffff) fail(ErrorKind::InvalidArgument, "session context is too large: " + std::to_string(ctx));
     kv_.init(model_->shape(), ctx);
+    tokens_.reserve((size_t)ctx);   // the decode loop never reallocates the checkpoint
     logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
     last_hc_.assign((size_t)model_->shape().hc_dim(), 0.0f);
     if (model_->weights().mtp.present) {
@@ -79,6 +84,8 @@ void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool 
         if (rebuild && done == n) kv_.finish_prefill(pos());
         if (cb) cb(done, n);
     }
+    // A long prefill's batch buffers (GBs on Flash) are not kept for the decode that follows.
+    if (scratch_.tokens > kKeepBatchScratch) scratch_ = Scratch();
 }
 
 void Session::materialize() {

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LogitStats", "compare_rows", "TOL_MEAN_ABS", "TOL_P99_ABS", "TOL_ARGMAX", "TOL_MEAN_KL"]
+__all__ = ["LogitStats", "compare_rows", "row_means", "TOL_MEAN_ABS", "TOL_P99_ABS", "TOL_ARGMAX", "TOL_MEAN_KL"]
 
 # Tolerances. The reference accumulates quantised dots in float64 while the engine follows
 # upstream's float32 orders, so the two differ like two upstream builds do (MODEL.md §9: upstream's
@@ -59,3 +59,10 @@ def compare_rows(ours: np.ndarray, ref: np.ndarray) -> LogitStats:
     return LogitStats(rows=ours.shape[0], max_abs=float(d.max()), p99_abs=float(np.percentile(d, 99)),
                       mean_abs=float(d.mean()), argmax_agree=float((ours.argmax(1) == ref.argmax(1)).mean()),
                       mean_kl=float(kl.mean()))
+
+
+def row_means(ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Mean |dlogit| of each row (rows centred): a discrete flip shows as one isolated high row."""
+    ours = np.atleast_2d(np.asarray(ours, np.float64))
+    ref = np.atleast_2d(np.asarray(ref, np.float64))
+    return np.abs((ours - ours.mean(axis=1, keepdims=True)) - (ref - ref.mean(axis=1, keepdims=True))).mean(axis=1)
