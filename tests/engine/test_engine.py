@@ -121,3 +121,39 @@ def test_progress_exceptions_propagate_at_a_boundary(tiny_path, exc) -> None:
     ref = eng.session(ctx=64)
     ref.sync(toks[:s.pos])
     assert np.array_equal(s.logits, ref.logits)
+
+
+def _core_tables(info):
+    from ds4.engine import _shape_dict, _tensor_table
+    return _shape_dict(info.shape), _tensor_table(info)
+
+
+@pytest.mark.parametrize("breakage", ["offset", "dims", "type", "missing", "shape"])
+def test_core_checks_the_tensor_table(tiny_engine, tiny_path, breakage: str) -> None:
+    # The C++ binder re-checks what it relies on (bounds, dims, types) even after ds4.inspect.
+    from ds4 import _core
+    shape, table = _core_tables(tiny_engine.info)
+    i = next(k for k, t in enumerate(table) if t[0] == "blk.1.attn_q_b.weight")
+    name, typ, dims, off, nb = table[i]
+    if breakage == "offset":
+        table[i] = (name, typ, dims, tiny_path.stat().st_size - 10, nb)
+    elif breakage == "dims":
+        table[i] = (name, typ, [dims[0], dims[1] // 2], off, nb)
+    elif breakage == "type":
+        table[i] = (name, 0, dims, off, nb)      # F32 is not a matrix type here
+    elif breakage == "missing":
+        del table[i]
+    else:
+        shape["compress_ratios"] = [0, 0, 4]
+    with pytest.raises(ModelFormatError, match="attn_q_b|compress_ratios|shape"):
+        _core.Model(str(tiny_path), shape, table, 1, 0)
+
+
+def test_argument_validation(tiny_path, tiny_engine) -> None:
+    from ds4.errors import InvalidArgumentError
+    with pytest.raises(InvalidArgumentError):
+        ds4.Engine(tiny_path, threads=0)
+    with pytest.raises(InvalidArgumentError):
+        tiny_engine.session(ctx=1)
+    with pytest.raises(InvalidArgumentError):
+        tiny_engine.session(ctx=8).argmax()     # nothing evaluated yet
