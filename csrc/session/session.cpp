@@ -146,7 +146,9 @@ void Session::sync(const std::vector<int32_t>& prompt, const ChunkCallback& cb) 
     }
     check_tokens(prompt.data(), n);
     const int64_t common = common_prefix(prompt);
-    if (!stale_ && common == pos()) {
+    // An empty timeline has no valid checkpoint to extend (upstream): a full prefill, whose
+    // finishing frontier reset keeps saved payloads byte-comparable.
+    if (!stale_ && pos() > 0 && common == pos()) {
         if (n > pos()) extend(prompt.data() + pos(), n - pos(), cb, false);
         return;
     }
