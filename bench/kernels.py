@@ -6,7 +6,9 @@ bandwidth, and matmul GFLOP/s next to numpy float32 `@` on the same shape.
 
 Shapes: a dense 4096 x 4096 matvec per weight type; a Flash-like routed expert tensor of 256
 experts x 2048 rows x 4096 (6 experts selected per call, a different set each call so the
-selected weights come from memory, not cache); matmul 4096 x 4096 at batch 64 and 512.
+selected weights come from memory, not cache); matmul 4096 x 4096 at batch 64 and 512; routed
+experts for a prefill batch (64 / 512 tokens x 6 of 256 experts), batched (matmul_experts) vs
+token by token (matvec_experts).
 Weights are random valid blocks built in memory (finite f16 scales, any codes).
 """
 
@@ -116,11 +118,36 @@ def bench_matmul(args, paths, results, rows_out):
                                  "_names": {"GFLOP/s": name}})
 
 
+def bench_experts_prefill(args, results, rows_out):
+    n, rows, n_expert, k = 4096, 2048, (32 if args.quick else 256), 6
+    rng = np.random.default_rng(5)
+    for qtype in (Q.IQ2_XXS, Q.Q2_K):
+        raw = random_weights(qtype, n, rows * n_expert)
+        for nt in (64, 512):
+            ids = np.stack([rng.choice(n_expert, size=k, replace=False) for _ in range(nt)]).astype(np.int32)
+            X = rng.standard_normal((nt, n)).astype(np.float32)
+            flops = 2.0 * n * rows * k * nt
+            for mode in ("batched", "per_token"):
+                if mode == "batched":
+                    fn = lambda: core.matmul_experts(int(qtype), raw, (n, rows, n_expert), ids, X)  # noqa: E731
+                else:
+                    fn = lambda: [core.matvec_experts(int(qtype), raw, (n, rows, n_expert), ids[b], X[b])  # noqa: E731
+                                  for b in range(nt)]
+                reps = 2 if (mode == "per_token" and nt == 512) else max(2, args.repeats // 2)
+                secs = time_call(fn, reps, warmup=0)
+                name = f"experts_prefill/{qtype.name}/{n_expert}x{rows}x{n}/k{k}/t{nt}/{mode}/t{args.threads}"
+                r = measure(name, "GFLOP/s", [flops / s / 1e9 for s in secs])
+                results.append(r)
+                rows_out.append({"case": f"experts prefill T={nt}", "type": qtype.name, "path": mode,
+                                 "GFLOP/s": r.median, "spread": f"{r.min:.3g}-{r.max:.3g}", "_names": {"GFLOP/s": name}})
+        del raw
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--paths", default="active", help="'active', 'all' or a comma list (scalar,avx2,avx512)")
-    p.add_argument("--only", default="dense,experts,matmul", help="comma list of sections to run")
+    p.add_argument("--only", default="dense,experts,matmul,experts_prefill", help="comma list of sections to run")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats = min(args.repeats, 3)
@@ -147,6 +174,11 @@ def main(argv=None) -> None:
             bench_matmul(args, paths, results, rows_out)
             print(f"\nmatmul, {args.threads} threads (numpy uses its own BLAS threads)")
             _table(rows_out, ["case", "type", "path", "GFLOP/s", "spread", "vs_numpy"], results, args)
+        if "experts_prefill" in sections:
+            rows_out = []
+            bench_experts_prefill(args, results, rows_out)
+            print(f"\nrouted experts over a prefill batch, {args.threads} threads, {core.simd_path()}")
+            _table(rows_out, ["case", "type", "path", "GFLOP/s", "spread"], results, args)
     finally:
         core.set_simd_path(active)
     if args.json:

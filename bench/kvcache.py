@@ -101,9 +101,13 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--baseline", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="tiny model, 256/1024 tokens, 2 repeats")
+    p.add_argument("--estimate", action="store_true",
+                   help="no engine: payload bytes per token from the §6.1 size formula (cold-prefill row counts)")
     args = p.parse_args(argv)
     if args.quick:
         args.model, args.sizes, args.repeats = "tiny", "256,1024", 2
+    if args.estimate:
+        return estimate(args)
 
     import ds4
     import ds4.testing
@@ -177,6 +181,29 @@ def main(argv=None) -> int:
         doc = {"bench": "kvcache", "model": str(path), "machine": machine_info(args.threads), "results": results}
         args.json.write_text(json.dumps(doc, indent=1))
         print(f"wrote {args.json}")
+    return 0
+
+
+def estimate(args) -> int:
+    """Payload size from the header formula, for sizes too slow to prefill on this machine."""
+    from ds4.payload import PAYLOAD_MAGIC, PayloadHeader, default_prefill_cap, payload_bytes
+    from ds4.testing import PRESETS
+
+    if os.path.exists(args.model):
+        from ds4.inspection import inspect
+        shape = inspect(args.model).shape
+    else:
+        shape = PRESETS[args.model]
+    print(f"estimate for {args.model}: payload bytes (no text, no KVC header), n_comp = T // ratio")
+    print(f"{'tokens':>8s} {'payload_MiB':>12s} {'B/token':>10s}")
+    for n in (int(x) for x in args.sizes.split(",")):
+        ctx = n + 1024
+        rows = min(shape.n_swa, n)
+        h = PayloadHeader(PAYLOAD_MAGIC, 1, ctx, default_prefill_cap(ctx), rows, rows, ctx // 4 + 2, n,
+                          shape.n_layer, shape.head_dim, shape.indexer_head_dim, shape.n_vocab, rows)
+        size = payload_bytes(h, [n // r if r else 0 for r in shape.compress_ratios],
+                             [n // r if r == 4 else 0 for r in shape.compress_ratios], shape.compress_ratios)
+        print(f"{n:8d} {size / 2**20:12.2f} {size / n:10.0f}")
     return 0
 
 

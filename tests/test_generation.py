@@ -3,6 +3,8 @@ logits), so expected texts are known without the model."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -225,3 +227,72 @@ def test_streamed_text_equals_final_text_with_stops(tok, data, stops):
     else:
         assert fin.finish_reason == "eos"
         assert not hits and fin.content == whole
+
+
+# ---- tool calls: the DSML greedy rule and the "tool_calls" finish --------------------------------
+
+
+class WeakSession(FakeSession):
+    """Logits +20 on the scripted token at 'strong' positions, only +0.5 elsewhere (so sampling at
+    T=1 almost never picks it there, while argmax always does)."""
+
+    @property
+    def logits(self):
+        i = len(self.tokens) - self.base
+        script, strong = self.engine.script, self.engine.strong
+        nxt = script[i] if i < len(script) else self.engine.tokenizer.eos
+        out = np.zeros(self.engine.tokenizer.n_vocab, dtype=np.float32)
+        out[nxt] = 20.0 if (i >= len(script) or strong[i]) else 0.5
+        return out
+
+
+class WeakEngine(FakeEngine):
+    def __init__(self, tokenizer, pieces):
+        script, strong = [], []
+        for text, is_strong in pieces:
+            ids = tokenizer.encode_rendered(text)
+            script += ids
+            strong += [is_strong] * len(ids)
+        super().__init__(tokenizer, script)
+        self.strong = strong
+
+    def session(self, ctx):
+        return WeakSession(self, ctx)
+
+
+def _tool_engine(tok):
+    return WeakEngine(tok, [
+        ("Sure.\n\n<｜DSML｜tool_calls>", True),
+        ('\n<｜DSML｜invoke name="get">\n<｜DSML｜parameter name="q" string="true">', False),  # structural
+        ("the body text", False),  # payload: sampled
+        ("</｜DSML｜parameter>", True),
+        ("\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>", False),  # structural
+        ("never reached", True),
+    ])
+
+
+def test_dsml_greedy_rule_and_tool_calls_finish(tok):
+    tools = [{"type": "function", "function": {"name": "get", "parameters": {}}}]
+    msgs = [{"role": "user", "content": "x"}]
+    for seed in (1, 2):
+        fin = generate(_tool_engine(tok), messages=msgs, tools=tools, think="none", seed=seed, ctx=4096,
+                       stream=False)
+        assert fin.finish_reason == "tool_calls"
+        m = fin.message()
+        assert m.ok and m.content == "Sure." and len(m.tool_calls) == 1
+        assert m.tool_calls[0].name == "get"
+        body = json.loads(m.tool_calls[0].arguments)["q"]
+        assert body != "the body text"  # the payload was sampled, not forced
+        assert fin.raw_text.endswith("</｜DSML｜tool_calls>")
+    # without the rule, the weak structural tokens are sampled and the block falls apart
+    fin = generate(_tool_engine(tok), messages=msgs, think="none", seed=1, ctx=4096, max_tokens=80, stream=False)
+    assert fin.finish_reason != "tool_calls" and fin.message().tool_calls == ()
+
+
+def test_raw_text_and_message_with_thinking_and_stop(tok):
+    script = tok.encode("plan") + [tok.think_end] + tok.encode("answer STOP more") + [tok.eos]
+    fin = generate(FakeEngine(tok, script), prompt="q", temperature=0, think="high", stop=["STOP"], ctx=256,
+                   stream=False)
+    assert fin.finish_reason == "stop"
+    assert fin.raw_text == "plan</think>answer "
+    assert fin.thinking and fin.message().reasoning == "plan" and fin.message().content == "answer "

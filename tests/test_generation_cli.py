@@ -65,7 +65,7 @@ def test_cli_generate_missing_model(capsys, tmp_path):
 
 def _args(**kw):
     base = dict(model=None, ctx=128, system="You are a helpful assistant", max_tokens=2, temp=0.0, top_k=0,
-                top_p=1.0, min_p=0.05, seed=1, think="none", reference=True, progress=False)
+                top_p=1.0, min_p=0.05, seed=1, think="none", reference=True, progress=False, threads=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -96,3 +96,113 @@ def test_chat_think_max_gating(engine):
     repl = ChatRepl(engine, _args(), out=io.StringIO(), err=err)
     repl.command("/think-max")
     assert "Thinking mode: high (ctx below 393216)" in err.getvalue()
+
+
+# ---- the compiled engine (ds4.Engine) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def core_engine(model_path):
+    try:
+        import ds4
+        return ds4.Engine(model_path, threads=1)
+    except ImportError as e:  # the C++ core is not built in this checkout
+        pytest.skip(f"ds4._core not available: {e}")
+
+
+def test_engine_generate_matches_manual_session_loop(core_engine):
+    tok = core_engine.tokenizer
+    prompt = encode_chat_prompt(tok, "Tell me", think="high")
+    fin = core_engine.generate(tokens=prompt, max_tokens=6, temperature=0, ctx=128, stream=False)
+    s = core_engine.session(ctx=128)
+    s.sync(prompt)
+    expected = []
+    for _ in range(6):
+        t = int(np.argmax(s.logits))
+        if t == tok.eos:
+            break
+        expected.append(t)
+        s.eval(t)
+    assert list(fin.tokens) == expected
+    # seeded sampling through the engine is reproducible
+    a = core_engine.generate(tokens=prompt, max_tokens=6, seed=11, ctx=128, stream=False)
+    b = core_engine.generate(tokens=prompt, max_tokens=6, seed=11, ctx=128, stream=False)
+    assert a.tokens == b.tokens
+
+
+def test_engine_cli_and_chat(core_engine, capsys):
+    assert main(["generate", "-p", "Hi", "-n", "4", "--temp", "0", "--ctx", "128", "-t", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "ds4: prefill:" in err
+    repl = ChatRepl(core_engine, _args(reference=False), out=io.StringIO(), err=io.StringIO())
+    repl.turn("one")
+    n_live = len(repl.transcript)
+    f2 = repl.turn("two")
+    assert f2.usage.cached_tokens >= n_live - 2  # only the new turn (and the unevaluated tail) is prefilled
+
+
+def test_progress_bar_and_printer():
+    from ds4.commands.generate import ProgressBar, StreamPrinter
+
+    err = io.StringIO()
+    bar = ProgressBar(err, enabled=True, min_total=10)
+    bar(5, 5)  # short prompts draw nothing
+    assert err.getvalue() == ""
+    bar(50, 100)
+    bar(100, 100)  # the final update is always drawn
+    assert "50/100 tokens" in err.getvalue() and "100/100 tokens" in err.getvalue()
+    bar.close()
+    assert err.getvalue().endswith("\r")
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Tty()
+    pr = StreamPrinter(out)
+    pr.write("think", "reasoning")
+    pr.write("answer", "content")
+    pr.end()
+    assert out.getvalue() == "\x1b[2mthink\x1b[0manswer\n"
+
+
+def test_cli_dump_tokens(capsys, engine):
+    assert main(["generate", "-p", "Hi you", "--nothink", "--dump-tokens"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    ids = encode_chat_prompt(engine.tokenizer, "Hi you", think="none")
+    assert out[0] == "[" + ", ".join(map(str, ids)) + "]"
+    assert out[1] == f"{ids[0]:6d}  <｜begin▁of▁sentence｜>"
+    assert len(out) == len(ids) + 1
+
+
+def test_prompt_too_long_fails_at_call_time(engine):
+    from ds4.errors import ContextOverflowError
+
+    with pytest.raises(ContextOverflowError, match="context holds 5"):
+        generate(engine, prompt="x", ctx=5)  # raised before any iteration
+
+
+def test_cli_dump_logprobs(tmp_path, engine, capsys):
+    import json
+
+    out = tmp_path / "lp.json"
+    assert main(["generate", "--reference", "-p", "Hi", "--nothink", "-n", "3", "--ctx", "128",
+                 "--dump-logprobs", str(out), "--logprobs-top-k", "4"]) == 0
+    d = json.loads(out.read_text(encoding="utf-8"))
+    assert d["source"] == "ds4" and d["top_k"] == 4 and d["ctx"] == 128
+    fin = generate(engine, prompt="Hi", think="none", max_tokens=3, temperature=0, ctx=128, stream=False)
+    assert d["prompt_tokens"] == fin.usage.prompt_tokens
+    assert [s["selected"]["id"] for s in d["steps"]] == list(fin.tokens)[: len(d["steps"])]
+    for s in d["steps"]:
+        tops = s["top_logprobs"]
+        assert len(tops) == 4 and tops[0]["token"]["id"] == s["selected"]["id"]
+        assert all(a["logprob"] >= b["logprob"] for a, b in zip(tops, tops[1:]))
+        assert bytes(s["selected"]["bytes"]) == engine.tokenizer.token_to_bytes(s["selected"]["id"])
+
+
+def test_json_token_text_escapes():
+    from ds4.commands.generate import _json_token_text
+
+    assert _json_token_text(b'a"\\\n\t\x01') == '"a\\"\\\\\\n\\t\\u0001"'
+    assert _json_token_text("é".encode()) == '"é"'  # valid UTF-8 stays as is
+    assert _json_token_text(b"\xc3") == '"\\u00c3"'  # a cut character: bytes escaped

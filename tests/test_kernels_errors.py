@@ -79,3 +79,31 @@ def test_misaligned_weights_give_identical_results():
     for shift in (1, 2, 3):
         shifted = np.frombuffer(b"\0" * shift + raw.tobytes(), dtype=np.uint8, offset=shift)
         np.testing.assert_array_equal(core.matvec(int(Q.Q4_K), shifted, (512, 5), x).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("request_path", ["scalar", "avx2", "avx512", "neon", "bogus"])
+def test_ds4_simd_env_selects_the_initial_path(request_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), DS4_SIMD=request_path)
+    code = "import ds4._core as c; print(c.simd_path(), ','.join(c.simd_paths()))"
+    active, avail = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                   check=True).stdout.split()
+    avail = avail.split(",")
+    # An available request is honoured; anything else falls back to the best (last) path.
+    assert active == (request_path if request_path in avail else avail[-1])
+
+
+def test_matmul_experts_checks():
+    raw = random_weights(Q.Q2_K, 256, 2 * 3, 0)
+    x = np.ones((2, 256), np.float32)
+    with pytest.raises(InvalidArgumentError, match=r"expert id 7 at token 1 slot 0 is outside \[0, 3\)"):
+        core.matmul_experts(int(Q.Q2_K), raw, (256, 2, 3), np.array([[0, 1], [7, 2]], np.int32), x)
+    with pytest.raises(InvalidArgumentError, match=r"x has shape \(3, 256\), expected \(2, 256\) or \(2, 2, 256\)"):
+        core.matmul_experts(int(Q.Q2_K), raw, (256, 2, 3), np.zeros((2, 2), np.int32), np.ones((3, 256), np.float32))
+    with pytest.raises(InvalidArgumentError, match="ids must be 2-D"):
+        core.matmul_experts(int(Q.Q2_K), raw, (256, 2, 3), np.zeros(2, np.int32), x)
+    assert core.matmul_experts(int(Q.Q2_K), raw, (256, 2, 3), np.zeros((0, 2), np.int32),
+                               np.ones((0, 256), np.float32)).shape == (0, 2, 2)

@@ -13,7 +13,8 @@ Tolerance (derived, not tuned). Every kernel computes exact integer block sums (
 So |y - ref64| <= (K + C) * u * S + u * |ref64| + floor, where S = sum_i |w_i * xa_i| bounds
 sum|t_b| (for Q2_K/Q4_K, S counts the d part and the min part separately: |W_d|.|xa| + |W_m|.|xa|,
 because their difference may cancel), K = number of float summands per row (n for float weights,
-n/32 for Q8_0, 2n/256 for Q2_K/Q4_K, n/256 for IQ2_XXS), and floor = K * 2^-120 covers subnormal
+n/32 for Q8_0, 2n/256 for Q2_K/Q4_K, 9n/256 for IQ2_XXS, whose NEON order adds the eight
+sub-block terms of a block in float before scaling by d), and floor = K * 2^-120 covers subnormal
 scale products (each term's absolute error is at most 2^-149 * |isum| <= 2^-149 * 2^26).
 F32 weights accumulate in double: n * 2^-53 * S + u * |ref64|.
 The same bound applied to two paths bounds their difference by twice it.
@@ -57,7 +58,7 @@ def simd_path(path):
 
 
 def _summands(qtype, n):
-    return {Q.Q8_0: n // 32, Q.Q2_K: 2 * n // 256, Q.Q4_K: 2 * n // 256, Q.IQ2_XXS: n // 256}.get(Q(qtype), n)
+    return {Q.Q8_0: n // 32, Q.Q2_K: 2 * n // 256, Q.Q4_K: 2 * n // 256, Q.IQ2_XXS: 9 * n // 256}.get(Q(qtype), n)
 
 
 def _reference(qtype, raw, n, rows, x):
@@ -243,3 +244,46 @@ def test_k_quant_paths_equal_scalar_exactly(qtype, data):
             outs.append(core.matvec(int(qtype), raw, (n, rows), x))
     for y in outs[1:]:
         np.testing.assert_array_equal(y, outs[0])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda q: q.name)
+def test_matmul_equals_matvec_on_long_rows(path, qtype):
+    """Long rows (several 8-block groups plus a tail) and every batch remainder mod 4, so the
+    multi-activation kernels' grouped reductions are compared bit for bit with matvec."""
+    be, _ = block_size(qtype)
+    n = 256 * 11 if be == 256 else 32 * 19 if be == 32 else 600
+    rows = 5
+    raw = random_weights(qtype, n, rows, 21)
+    X = activation(n, 22, "normal", batch=7)
+    with simd_path(path):
+        Y = core.matmul(int(qtype), raw, (n, rows), X)
+        for b in range(len(X)):
+            np.testing.assert_array_equal(Y[b].view(np.uint32), core.matvec(int(qtype), raw, (n, rows), X[b]).view(np.uint32))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES + (Q.F16,), ids=lambda q: q.name)
+@given(data=st.data())
+def test_matmul_experts_equals_matvec_experts_per_token(path, qtype, data):
+    with simd_path(path):
+        _test_matmul_experts_equals_matvec_experts_per_token(qtype, data)
+
+
+def _test_matmul_experts_equals_matvec_experts_per_token(qtype, data):
+    be, _ = block_size(qtype)
+    n = 256 * data.draw(st.integers(1, 3)) if be == 256 else 32 * data.draw(st.integers(1, 20))
+    rows = data.draw(st.integers(1, 70))  # crosses the 64-row work chunk
+    n_expert = data.draw(st.integers(1, 6))
+    n_tok, n_used = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 4))
+    raw = random_weights(qtype, n, rows * n_expert, data.draw(st.integers(0, 2**32 - 1)))
+    ids = np.array(data.draw(st.lists(st.integers(0, n_expert - 1), min_size=n_tok * n_used, max_size=n_tok * n_used)),
+                   np.int32).reshape(n_tok, n_used)
+    per_pair = data.draw(st.booleans())  # down: one activation per (token, slot); gate/up: one per token
+    X = activation(n, data.draw(st.integers(0, 2**32 - 1)), "normal", batch=n_tok * (n_used if per_pair else 1))
+    X = X.reshape(n_tok, n_used, n) if per_pair else X
+    Y = core.matmul_experts(int(qtype), raw, (n, rows, n_expert), ids, X)
+    assert Y.shape == (n_tok, n_used, rows)
+    for b in range(n_tok):
+        want = core.matvec_experts(int(qtype), raw, (n, rows, n_expert), ids[b], X[b])
+        np.testing.assert_array_equal(Y[b].view(np.uint32), want.view(np.uint32))

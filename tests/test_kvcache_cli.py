@@ -66,3 +66,18 @@ def test_rm(tmp_path, capsys):
     assert main(["cache", "rm", str(cache.dir), "--invalid"]) == 0
     assert main(["cache", "rm", str(cache.dir), "--all"]) == 0
     assert list(cache.dir.iterdir()) == []
+
+
+def test_add_arguments_and_from_args(tmp_path):
+    import argparse
+
+    from ds4.kvcache import MiB, add_arguments, from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert from_args(p.parse_args([])) is None
+    c = from_args(p.parse_args(["--kv-cache-dir", str(tmp_path / "kv"), "--kv-cache-mb", "64",
+                                "--kv-cache-min-tokens", "100", "--kv-cache-reject-different-quant"]))
+    assert (c.max_bytes, c.min_tokens, c.cold_max_tokens, c.reject_different_quant) == (64 * MiB, 100, 30000, True)
+    c2 = from_args(p.parse_args(["--kv-disk-dir", str(tmp_path / "kv2"), "--kv-disk-space-mb", "0"]))
+    assert c2.max_bytes == 4096 * MiB    # upstream: 0 -> default budget

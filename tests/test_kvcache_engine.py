@@ -159,3 +159,40 @@ def test_corrupt_header_file_is_skipped_with_engine(engine, tmp_path):
     s2 = engine.session(ctx=512)
     assert cache.prepare(s2, text + "!", engine).source == "cold"
     s2.sync(engine.tokenizer.encode_rendered(text))   # the session is still usable
+
+
+def test_token_prompts_restore_exact_prefixes(engine, tmp_path):
+    cache = make_cache(tmp_path)
+    tokens = engine.tokenizer.encode_rendered(prompt_text(engine, 70, seed=5))
+    s = engine.session(ctx=1024)
+    p = cache.prepare(s, tokens, engine)
+    assert p.source == "cold" and p.tokens == tokens
+    cache.sync(s, p, engine)
+    more = tokens + engine.tokenizer.encode(" and then")
+    s2 = engine.session(ctx=1024)
+    p2 = cache.prepare(s2, more, engine)
+    assert p2.source == "disk" and p2.tokens == more and p2.cached_tokens == p.cold_len
+    cache.sync(s2, p2, engine)
+    ref = engine.session(ctx=1024)
+    ref.sync(more[: p.cold_len])
+    ref.sync(more)
+    assert np.array_equal(np.asarray(s2.logits), np.asarray(ref.logits))
+
+
+def test_continued_checkpoints_during_prefill_equal_fresh_prefills(engine, tmp_path):
+    from ds4.kvcache import KVCache
+
+    cache = KVCache(tmp_path / "kv", min_tokens=32, cold_max_tokens=0, continued_interval=64,
+                    boundary_align=32)
+    tokens = engine.tokenizer.encode_rendered(prompt_text(engine, 80, seed=6))
+    assert len(tokens) > 128
+    s = engine.session(ctx=1024)
+    cache.sync(s, cache.prepare(s, tokens, engine), engine)
+    stored = sorted(cache.entries(), key=lambda e: e.tokens)
+    assert [e.tokens for e in stored] == list(range(64, len(tokens) + 1, 64))
+    assert all(e.reason == "continued" for e in stored)
+    for e in stored:
+        fresh = engine.session(ctx=1024)
+        fresh.sync(tokens[: e.tokens])
+        # a checkpoint taken mid-prefill is exactly the state of a prefill that stops there
+        assert cache.read(e).payload == fresh.save_payload()

@@ -61,9 +61,9 @@ def _seq_sum(xs):
     return s
 
 
-def ref_sample(logits, temperature, top_k, top_p, min_p, rng, total=_seq_sum):
-    """Literal loops of §3; ``total`` is how whole-list sums are formed (sequential = upstream
-    without -ffast-math re-association; numpy's pairwise sum for large lists, as ds4 documents)."""
+def ref_sample(logits, temperature, top_k, top_p, min_p, rng):
+    """Literal loops of §3 over float32 scalars; expf modelled as a correctly rounded exp."""
+    total = _seq_sum
     lg = [F(x) for x in logits]
     t, top_p, min_p = F(temperature), F(top_p), F(min_p)
 
@@ -89,7 +89,7 @@ def ref_sample(logits, temperature, top_k, top_p, min_p, rng, total=_seq_sum):
             if v > m:
                 best, m = i, v
         if top_p >= 1:
-            kept = [(i, F(np.exp(F(F(v - m) / t)))) for i, v in fin]
+            kept = [(i, F(math.exp(F(F(v - m) / t)))) for i, v in fin]
             kept = [(i, p) for i, p in kept if not p < min_p]
             s = total([p for _, p in kept])
             if not (s > 0 and math.isfinite(s)):
@@ -100,7 +100,7 @@ def ref_sample(logits, temperature, top_k, top_p, min_p, rng, total=_seq_sum):
                 if r <= 0:
                     return i
             return best
-        cand = [(i, v, F(np.exp(F(F(v - m) / t)))) for i, v in fin]
+        cand = [(i, v, F(math.exp(F(F(v - m) / t)))) for i, v in fin]
         s = total([p for _, _, p in cand])
         if not (s > 0 and math.isfinite(s)):
             return best
@@ -120,7 +120,7 @@ def ref_sample(logits, temperature, top_k, top_p, min_p, rng, total=_seq_sum):
                 j -= 1
             sel[j] = (i, v)
         m = sel[0][1]
-        cand = [(i, v, F(np.exp(F(F(v - m) / t)))) for i, v in sel]
+        cand = [(i, v, F(math.exp(F(F(v - m) / t)))) for i, v in sel]
         s = total([p for _, _, p in cand])
         if not (s > 0 and math.isfinite(s)):
             return sel[0][0]
@@ -160,7 +160,6 @@ _params = st.tuples(
 
 @given(st.lists(_logit, min_size=1, max_size=7), _params, st.integers(0, 2**64 - 1))
 def test_sample_equals_scalar_reference_small_vocab(logits, params, seed):
-    # Up to 7 entries numpy's pairwise sum is a plain sequential loop, so this is exact upstream.
     t, k, p, mp = params
     a, b = Rng(seed), Rng(seed)
     got = sample(np.array(logits, dtype=np.float32), t, k, p, mp, a)
@@ -176,8 +175,25 @@ def test_sample_equals_reference_larger_vocab(seed, params, n):
     logits[g.integers(0, n, 3)] = logits[0]  # ties
     a, b = Rng(seed), Rng(seed)
     got = sample(logits, t, k, p, mp, a)
-    assert got == ref_sample(logits, t, k, p, mp, b, total=lambda xs: F(np.sum(np.array(xs, np.float32))))
+    assert got == ref_sample(logits, t, k, p, mp, b)
     assert a.state == b.state
+
+
+@given(st.integers(0, 2**32), st.sampled_from([0.0, 0.05]), st.sampled_from([1.0, 0.9]))
+def test_chunked_draw_walk_equals_reference(seed, min_p, top_p):
+    # The draw walk runs in chunks carrying the float32 running value; tiny chunks must not change it.
+    import ds4.sampling as S
+
+    g = np.random.default_rng(seed)
+    logits = g.normal(0, 1, 200).astype(np.float32)
+    saved = S._WALK_CHUNK
+    S._WALK_CHUNK = 3
+    try:
+        a, b = Rng(seed), Rng(seed)
+        got = sample(logits, 1.0, 0, top_p, min_p, a)
+    finally:
+        S._WALK_CHUNK = saved
+    assert got == ref_sample(logits, 1.0, 0, top_p, min_p, b)
 
 
 # ---- greedy and edge cases ---------------------------------------------------------------------
@@ -217,6 +233,15 @@ def test_defaults():
     p = SamplingParams()
     assert (p.temperature, p.top_k, p.top_p, p.min_p) == (1.0, 0, 1.0, 0.05)
     assert not p.greedy and SamplingParams(temperature=0).greedy
+
+
+def test_thinking_policy():
+    from ds4.sampling import thinking_policy
+
+    client = SamplingParams(temperature=0.2, top_k=5, top_p=0.5, min_p=0.0)
+    assert thinking_policy(client, "high") == SamplingParams(1.0, 0, 1.0, 0.05)
+    assert thinking_policy(client, "max") == SamplingParams(1.0, 0, 1.0, 0.05)
+    assert thinking_policy(client, "none") is client
 
 
 # ---- support and frequencies -------------------------------------------------------------------

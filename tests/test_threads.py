@@ -24,8 +24,18 @@ def restore_threads():
     core.set_threads(before)
 
 
+@pytest.mark.parametrize("path", core.simd_paths())
 @pytest.mark.parametrize("qtype", WEIGHT_TYPES, ids=lambda q: q.name)
-def test_results_bit_identical_for_any_thread_count(qtype, restore_threads):
+def test_results_bit_identical_for_any_thread_count(qtype, path, restore_threads):
+    before = core.simd_path()
+    core.set_simd_path(path)
+    try:
+        _check_thread_counts(qtype)
+    finally:
+        core.set_simd_path(before)
+
+
+def _check_thread_counts(qtype):
     be, _ = block_size(qtype)
     n = 512 if be == 256 else 256
     rows, n_expert = 37, 3  # odd sizes: uneven ranges
@@ -42,6 +52,7 @@ def test_results_bit_identical_for_any_thread_count(qtype, restore_threads):
             core.matvec(int(qtype), raw, (n, rows * n_expert), x),
             core.matmul(int(qtype), raw, (n, rows * n_expert), X),
             core.matvec_experts(int(qtype), raw, shape3, ids, X),
+            core.matmul_experts(int(qtype), raw, shape3, ids.reshape(2, 2), X[:2]),
         ))
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
@@ -94,3 +105,28 @@ def test_exception_in_one_range_propagates():
     with pytest.raises(InvalidArgumentError):
         core.matvec_experts(int(Q.Q8_0), raw, (32, 2, 2), np.array([5], np.int32), np.ones(32, np.float32))
     assert core.matvec(int(Q.Q8_0), raw, (32, 4), np.ones(32, np.float32)).shape == (4,)
+
+
+def test_resizing_while_other_threads_compute(restore_threads):
+    """set_threads from one Python thread while others run kernels (GIL released): the global pool
+    is resized in place, so no call sees a destroyed pool and every answer stays exact."""
+    raw = random_weights(Q.Q2_K, 1024, 96, 4)
+    x = activation(1024, 5, "normal")
+    want = core.matvec(int(Q.Q2_K), raw, (1024, 96), x)
+    errors = []
+
+    def compute():
+        try:
+            for _ in range(30):
+                np.testing.assert_array_equal(core.matvec(int(Q.Q2_K), raw, (1024, 96), x), want)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    workers = [threading.Thread(target=compute) for _ in range(3)]
+    for t in workers:
+        t.start()
+    for n in (1, 3, 2, 4, 1, 2) * 3:
+        core.set_threads(n)
+    for t in workers:
+        t.join()
+    assert not errors, errors[0]

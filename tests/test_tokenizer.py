@@ -320,3 +320,70 @@ def test_bad_merge_entry():
 def test_token_types_length_mismatch():
     with pytest.raises(ModelFormatError, match="token_type"):
         Tokenizer(["a", "b"], [], [1])
+
+
+# ---- long texts are encoded in safe chunks -------------------------------------------------------
+
+_chunky = st.lists(
+    st.one_of(st.sampled_from(["\n", "\n\n", " \n", ";\n", "\r\n", "  ", "\t", "x", "}", "#", "1", "東京", "한",
+                               "🙂", "'", ".a", " word", "\u00a0", "\u3000"]), st.text(max_size=3)),
+    max_size=60).map("".join)
+
+
+@needs_real
+@given(_chunky)
+def test_chunked_encoding_equals_official(tok, ref, monkeypatch_module, text):
+    import ds4.tokenizer as T
+
+    monkeypatch_module.setattr(T, "_CHUNK_CHARS", 4)  # cut at nearly every safe point
+    assert T._safe_chunks(text, 4) == [text] or "".join(T._safe_chunks(text, 4)) == text
+    assert tok.encode(text) == ref.encode(text, add_special_tokens=False).ids
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@needs_real
+def test_long_text_uses_chunks_and_matches(tok, ref):
+    import ds4.tokenizer as T
+
+    text = "".join(CORPUS) * 40
+    assert len(T._safe_chunks(text, T._CHUNK_CHARS)) > 1
+    assert tok.encode(text) == ref.encode(text, add_special_tokens=False).ids
+
+
+@needs_real
+def test_token_bytes_of_every_token(tok):
+    u2b = {c: b for b, c in byte_to_unicode().items()}
+    literal = 0
+    for i, s in enumerate(tok.tokens):
+        if all(c in u2b for c in s) and "｜" not in s and not (128000 <= i or i < 3):
+            assert tok.token_to_bytes(i) == bytes(u2b[c] for c in s), i
+        else:
+            literal += 1
+            assert tok.token_to_bytes(i) == s.encode(), i
+    assert literal == 1283  # exactly the added tokens decode literally
+
+
+@needs_real
+def test_ds4_testing_vocab_agrees_with_fixture():
+    # ds4.testing converts tokenizer.json for synthetic models; it must give the same GGUF vocabulary.
+    from ds4.testing import deepseek_vocab
+
+    v = deepseek_vocab()
+    tokens, merges, types = real_vocab(TOKENIZER_JSON)
+    assert list(v.tokens) == tokens and list(v.merges) == merges and list(v.token_types) == types
+
+
+def test_tiny_model_tokenizer_from_ds4_testing():
+    import ds4.testing
+
+    t = Tokenizer.from_gguf(ds4.testing.default_model_path())
+    assert all(getattr(t.special, k) is not None for k in SPECIAL_STRINGS)
+    text = "Hello, world! def main():\n    return 0 <｜User｜>"
+    assert t.decode(t.encode(text)) == text
+    assert t.special.user not in t.encode(text)

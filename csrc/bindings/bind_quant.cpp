@@ -10,6 +10,7 @@
 //   matvec(qtype, raw, (n, rows), x[n]) -> y[rows]
 //   matmul(qtype, raw, (n, rows), X[nb, n]) -> Y[nb, rows]
 //   matvec_experts(qtype, raw, (n, rows, n_expert), ids[k], x[n] or X[k, n]) -> Y[k, rows]
+//   matmul_experts(qtype, raw, (n, rows, n_expert), ids[T, k], X[T, n] or X[T, k, n]) -> Y[T, k, rows]
 //   simd_paths(), simd_path(), set_simd_path(name), threads(), set_threads(n), type_info(qtype)
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -210,6 +211,38 @@ void init_quant(py::module_& m) {
             py::gil_scoped_release nogil;
             std::vector<uint8_t> xq = quantize_rows(t, x.data(), shared ? 1 : k, n);
             ds4::matvec_experts(t, w, n_expert, rows, n, ids.data(), k, xq.data(), shared ? 0 : ab, yp);
+        }
+        return y;
+    }, py::arg("qtype"), py::arg("raw"), py::arg("shape"), py::arg("ids"), py::arg("x"));
+
+    m.def("matmul_experts", [](int qtype, const py::buffer& raw, std::vector<int64_t> shape,
+                               const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids,
+                               const FloatArray& x) {
+        const ds4::GgmlType t = checked_type(qtype);
+        check_shape("matmul_experts", shape, 3);
+        const int64_t n = shape[0], rows = shape[1], n_expert = shape[2];
+        py::buffer_info info;
+        const uint8_t* w = raw_bytes("matmul_experts", t, raw, shape, ds4::row_bytes(t, n) * rows * n_expert, info);
+        if (ids.ndim() != 2) ds4::fail(ds4::ErrorKind::InvalidArgument, "matmul_experts: ids must be 2-D [tokens, n_used]");
+        const int64_t nt = ids.shape(0), nu = ids.shape(1);
+        const bool per_token = x.ndim() == 2;
+        const bool ok = per_token ? (x.shape(0) == nt && x.shape(1) == n)
+                                  : (x.ndim() == 3 && x.shape(0) == nt && x.shape(1) == nu && x.shape(2) == n);
+        if (!ok) {
+            std::vector<int64_t> got(x.shape(), x.shape() + x.ndim());
+            ds4::fail(ds4::ErrorKind::InvalidArgument,
+                      "matmul_experts: x has shape " + shape_str(got) + ", expected (" + std::to_string(nt) + ", " +
+                          std::to_string(n) + ") or (" + std::to_string(nt) + ", " + std::to_string(nu) + ", " +
+                          std::to_string(n) + ")");
+        }
+        const int64_t ab = ds4::act_bytes(t, n);
+        py::array_t<float> y({(py::ssize_t)nt, (py::ssize_t)nu, (py::ssize_t)rows});
+        float* yp = y.mutable_data();
+        {
+            py::gil_scoped_release nogil;
+            std::vector<uint8_t> xq = quantize_rows(t, x.data(), per_token ? nt : nt * nu, n);
+            ds4::matmul_experts(t, w, n_expert, rows, n, ids.data(), nt, nu, xq.data(), per_token ? ab : nu * ab,
+                                per_token ? 0 : ab, yp);
         }
         return y;
     }, py::arg("qtype"), py::arg("raw"), py::arg("shape"), py::arg("ids"), py::arg("x"));

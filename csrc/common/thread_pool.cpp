@@ -87,10 +87,10 @@ struct ThreadPool::Impl {
         std::exception_ptr error;
     };
 
-    int size = 1;
+    std::atomic<int> size{1};
     std::vector<std::thread> workers;
 
-    std::mutex call_mu;  // serialises parallel_for calls from different client threads
+    std::mutex call_mu;  // serialises parallel_for calls (and resizes) from different client threads
 
     std::mutex mu;
     std::condition_variable wake;
@@ -124,6 +124,23 @@ struct ThreadPool::Impl {
         if (j.finished == j.n_tasks && j.refs == 0) done.notify_all();
     }
 
+    void start_workers(int n) {
+        size.store(n);
+        for (int i = 1; i < n; ++i) workers.emplace_back([this] { worker_loop(); });
+    }
+
+    void stop_workers() {
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            stop = true;
+        }
+        wake.notify_all();
+        for (auto& t : workers) t.join();
+        workers.clear();
+        std::lock_guard<std::mutex> lk(mu);
+        stop = false;
+    }
+
     void worker_loop() {
         uint64_t seen = 0;
         for (;;) {
@@ -143,37 +160,30 @@ struct ThreadPool::Impl {
 };
 
 ThreadPool::ThreadPool(int n_threads) : impl_(new Impl) {
-    impl_->size = n_threads > 0 ? n_threads : default_thread_count();
     try {
-        for (int i = 1; i < impl_->size; ++i) impl_->workers.emplace_back([this] { impl_->worker_loop(); });
+        impl_->start_workers(n_threads > 0 ? n_threads : default_thread_count());
     } catch (...) {
-        {
-            std::lock_guard<std::mutex> lk(impl_->mu);
-            impl_->stop = true;
-        }
-        impl_->wake.notify_all();
-        for (auto& t : impl_->workers) t.join();
+        impl_->stop_workers();
         delete impl_;
         throw;
     }
 }
 
 ThreadPool::~ThreadPool() {
-    {
-        std::lock_guard<std::mutex> lk(impl_->mu);
-        impl_->stop = true;
-    }
-    impl_->wake.notify_all();
-    for (auto& t : impl_->workers) t.join();
+    impl_->stop_workers();
     delete impl_;
 }
 
-int ThreadPool::size() const noexcept { return impl_->size; }
+int ThreadPool::size() const noexcept { return impl_->size.load(); }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {
     if (n <= 0) return;
     if (min_chunk < 1) min_chunk = 1;
-    const int64_t n_tasks = std::min<int64_t>(impl_->size, std::max<int64_t>(1, n / min_chunk));
+    // Up to 4 ranges per thread, taken from a shared counter: a thread slowed down by other load
+    // on the machine does not hold the others back. (Which thread computes a row never changes
+    // its value.) A resize racing with the size read only changes how many ranges there are.
+    const int threads = impl_->size.load();
+    const int64_t n_tasks = threads <= 1 ? 1 : std::min<int64_t>(4 * (int64_t)threads, std::max<int64_t>(1, n / min_chunk));
     if (n_tasks == 1 || t_pool_depth > 0) {
         fn(0, n);
         return;
@@ -200,28 +210,18 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     if (j.error) std::rethrow_exception(j.error);
 }
 
-namespace {
-
-std::mutex g_global_mu;
-std::unique_ptr<ThreadPool> g_global;
-
-}  // namespace
-
 ThreadPool& ThreadPool::global() {
-    std::lock_guard<std::mutex> lk(g_global_mu);
-    if (!g_global) g_global.reset(new ThreadPool(0));
-    return *g_global;
+    // Never destroyed or replaced (resized in place instead), so references stay valid.
+    static ThreadPool* pool = new ThreadPool(0);
+    return *pool;
 }
 
 void ThreadPool::set_global_threads(int n_threads) {
-    std::unique_ptr<ThreadPool> fresh(new ThreadPool(n_threads));
-    std::unique_ptr<ThreadPool> old;
-    {
-        std::lock_guard<std::mutex> lk(g_global_mu);
-        old = std::move(g_global);
-        g_global = std::move(fresh);
-    }
-    // `old` is joined here, outside the lock; callers must not be running a job on it.
+    ThreadPool& g = global();
+    // Waits for a running job on the pool to finish; later callers wait for the new workers.
+    std::lock_guard<std::mutex> call(g.impl_->call_mu);
+    g.impl_->stop_workers();
+    g.impl_->start_workers(n_threads > 0 ? n_threads : default_thread_count());
 }
 
 }  // namespace ds4

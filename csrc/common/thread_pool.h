@@ -23,7 +23,7 @@ public:
 
     // The process-wide pool used when callers pass no pool explicitly.
     static ThreadPool& global();
-    // Replace the global pool's size (not while a parallel_for is running on it).
+    // Resize the global pool in place (waits for a running parallel_for; references stay valid).
     static void set_global_threads(int n_threads);
 
 private:

@@ -10,8 +10,18 @@ namespace ds4::quant {
 namespace {
 #include "quant/dot_x86_common.inc"
 
-const DotKernels kAvx2{x86_dot_f32, x86_dot_half<false>, x86_dot_half<true>, x86_dot_q8_0,
-                       x86_dot_q2_k, x86_dot_q4_k, x86_dot_iq2_xxs};
+const DotKernels kAvx2{x86_dot_f32,
+                       x86_dot_half<false>,
+                       x86_dot_half<true>,
+                       DS4_X86_SINGLE(x86_q8_0_n),
+                       DS4_X86_SINGLE(x86_q2_k_n),
+                       DS4_X86_SINGLE(x86_q4_k_n),
+                       x86_single<x86_iq2_xxs_n<Iq2BlockAvx2, 1>>,
+                       DS4_X86_MULTI(x86_q8_0_n),
+                       DS4_X86_MULTI(x86_q2_k_n),
+                       DS4_X86_MULTI(x86_q4_k_n),
+                       x86_multi<x86_iq2_xxs_n<Iq2BlockAvx2, 1>, x86_iq2_xxs_n<Iq2BlockAvx2, 2>,
+                                 x86_iq2_xxs_n<Iq2BlockAvx2, 3>, x86_iq2_xxs_n<Iq2BlockAvx2, 4>>};
 }  // namespace
 
 const DotKernels& avx2_kernels() { return kAvx2; }

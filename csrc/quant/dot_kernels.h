@@ -13,6 +13,9 @@
 namespace ds4::quant {
 
 using DotFn = float (*)(const void* w, const void* xq, int64_t n);
+// One row against na (1..4) activations x_stride bytes apart: out[k] = dot(w, xq + k*x_stride),
+// bit-identical to the DotFn of the same table (it only shares the weight decoding).
+using DotNFn = void (*)(const void* w, const void* xq, int64_t x_stride, int na, int64_t n, float* out);
 
 struct DotKernels {
     DotFn f32;
@@ -22,6 +25,11 @@ struct DotKernels {
     DotFn q2_k;
     DotFn q4_k;
     DotFn iq2_xxs;
+    // Optional multi-activation forms (nullptr: matmul loops the DotFn).
+    DotNFn q8_0_n;
+    DotNFn q2_k_n;
+    DotNFn q4_k_n;
+    DotNFn iq2_xxs_n;
 };
 
 const DotKernels& scalar_kernels();
@@ -35,5 +43,6 @@ const DotKernels& neon_kernels();    // dot_neon.cpp
 
 const DotKernels& active_kernels();   // simd.cpp: the table of the current path
 DotFn dot_fn(const DotKernels& k, GgmlType t);  // throws Unsupported for non-weight types
+DotNFn dot_n_fn(const DotKernels& k, GgmlType t);  // nullptr when the table has none for t
 
 }  // namespace ds4::quant

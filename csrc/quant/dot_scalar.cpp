@@ -136,7 +136,8 @@ float dot_iq2_xxs(const void* w, const void* xq, int64_t n) {
     return 0.125f * sumf;
 }
 
-const DotKernels kScalar{dot_f32, dot_f16, dot_bf16, dot_q8_0, dot_q2_k, dot_q4_k, dot_iq2_xxs};
+const DotKernels kScalar{dot_f32,  dot_f16, dot_bf16, dot_q8_0, dot_q2_k, dot_q4_k, dot_iq2_xxs,
+                         nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 

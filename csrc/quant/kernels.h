@@ -62,6 +62,16 @@ void matvec_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
                     const int32_t* ids, int64_t n_ids, const void* xq, int64_t xq_stride, float* y,
                     ThreadPool* pool = nullptr);
 
+// Batched routed experts (prefill): pair p = b*n_used + i (token b, slot i) uses expert ids[p]
+// and the activation at xq + b*tok_stride + i*slot_stride bytes (gate/up: tok_stride = act
+// bytes, slot_stride = 0; down: tok_stride = n_used * act bytes, slot_stride = act bytes), and
+// y[p*rows + r] = dot(expert ids[p] row r, that activation). Bit-identical to matvec_experts on
+// each token; each selected expert's weights are streamed once per call for all its pairs.
+// Throws InvalidArgument on a bad id.
+void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, int64_t n, const int32_t* ids,
+                    int64_t n_tokens, int64_t n_used, const void* xq, int64_t tok_stride, int64_t slot_stride,
+                    float* y, ThreadPool* pool = nullptr);
+
 // ---- SIMD path selection (run time) ----
 enum class SimdPath { Scalar = 0, AVX2 = 1, AVX512 = 2, NEON = 3 };
 std::vector<SimdPath> available_simd_paths();              // what this CPU + build can run

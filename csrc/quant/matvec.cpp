@@ -1,6 +1,8 @@
 // Matrix-vector products over whole weight matrices. Work is split by output rows only (each row
 // is one dot_row call), so results are bit-identical for every thread count.
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/errors.h"
 #include "common/thread_pool.h"
@@ -82,17 +84,31 @@ void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     const uint8_t* wb = static_cast<const uint8_t*>(w);
     const uint8_t* xb = static_cast<const uint8_t*>(xq);
     // Each task owns a row range; inside it, a tile of rows is applied to the whole batch so the
-    // tile's weights stay in cache while the activations stream past.
+    // tile's weights stay in cache while the activations stream past. Where the path has a
+    // multi-activation kernel, one weight row is decoded once for up to 4 activations (results
+    // are bit-identical to the single-activation kernel).
+    DotNFn fn_n = dot_n_fn(active_kernels(), t);
     const int64_t tile = 8;
     pool_or_global(pool).parallel_for(
         rows,
         [&](int64_t r0, int64_t r1) {
             for (int64_t t0 = r0; t0 < r1; t0 += tile) {
                 const int64_t t1 = t0 + tile < r1 ? t0 + tile : r1;
-                for (int64_t b = 0; b < nb; ++b) {
-                    const uint8_t* xb_b = xb + b * ab;
-                    float* yb = y + b * rows;
-                    for (int64_t r = t0; r < t1; ++r) yb[r] = fn(wb + r * rb, xb_b, n);
+                if (fn_n) {
+                    for (int64_t b = 0; b < nb; b += 4) {
+                        const int na = nb - b < 4 ? (int)(nb - b) : 4;
+                        for (int64_t r = t0; r < t1; ++r) {
+                            float out[4];
+                            fn_n(wb + r * rb, xb + b * ab, ab, na, n, out);
+                            for (int k = 0; k < na; ++k) y[(b + k) * rows + r] = out[k];
+                        }
+                    }
+                } else {
+                    for (int64_t b = 0; b < nb; ++b) {
+                        const uint8_t* xb_b = xb + b * ab;
+                        float* yb = y + b * rows;
+                        for (int64_t r = t0; r < t1; ++r) yb[r] = fn(wb + r * rb, xb_b, n);
+                    }
                 }
             }
         },
@@ -139,6 +155,85 @@ void matvec_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
             }
         },
         min_rows_per_task(rb));
+}
+
+void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, int64_t n, const int32_t* ids,
+                    int64_t n_tokens, int64_t n_used, const void* xq, int64_t tok_stride, int64_t slot_stride,
+                    float* y, ThreadPool* pool) {
+    check_dims("matmul_experts", rows, n);
+    if (n_expert <= 0 || n_tokens < 0 || n_used < 0 || tok_stride < 0 || slot_stride < 0) {
+        fail(ErrorKind::InvalidArgument, "matmul_experts: n_expert=" + std::to_string(n_expert) + ", n_tokens=" +
+                                             std::to_string(n_tokens) + ", n_used=" + std::to_string(n_used) +
+                                             ", strides " + std::to_string(tok_stride) + "/" +
+                                             std::to_string(slot_stride) + " (need n_expert > 0, others >= 0)");
+    }
+    const int64_t rb = row_bytes(t, n);
+    const int64_t ab = act_bytes(t, n);
+    DotFn fn = dot_fn(active_kernels(), t);
+    DotNFn fn_n = dot_n_fn(active_kernels(), t);
+    const int64_t n_pairs = n_tokens * n_used;
+    if (n_pairs == 0 || rows == 0) return;
+    if (!ids) fail(ErrorKind::InvalidArgument, "matmul_experts: null ids");
+    check_ptrs("matmul_experts", w, xq, y);
+    for (int64_t p = 0; p < n_pairs; ++p) {
+        if (ids[p] < 0 || ids[p] >= n_expert) {
+            fail(ErrorKind::InvalidArgument, "matmul_experts: expert id " + std::to_string(ids[p]) + " at token " +
+                                                 std::to_string(p / n_used) + " slot " + std::to_string(p % n_used) +
+                                                 " is outside [0, " + std::to_string(n_expert) + ")");
+        }
+    }
+    // Group the pairs by expert (stable), and gather their activations contiguously in that order
+    // so the multi-activation kernels see evenly spaced activations.
+    std::vector<int64_t> start((size_t)n_expert + 1, 0);
+    for (int64_t p = 0; p < n_pairs; ++p) ++start[(size_t)ids[p] + 1];
+    for (int64_t e = 0; e < n_expert; ++e) start[(size_t)e + 1] += start[(size_t)e];
+    std::vector<int64_t> order((size_t)n_pairs);
+    {
+        std::vector<int64_t> fill(start.begin(), start.end() - 1);
+        for (int64_t p = 0; p < n_pairs; ++p) order[(size_t)fill[(size_t)ids[p]]++] = p;
+    }
+    const uint8_t* xb = static_cast<const uint8_t*>(xq);
+    std::vector<uint8_t> acts((size_t)(n_pairs * ab));
+    for (int64_t k = 0; k < n_pairs; ++k) {
+        const int64_t p = order[(size_t)k];
+        std::memcpy(acts.data() + k * ab, xb + (p / n_used) * tok_stride + (p % n_used) * slot_stride, (size_t)ab);
+    }
+    // Work items: (expert, range of rows), flattened so threads share experts with many pairs.
+    const int64_t chunk = 64;
+    const int64_t per_expert = (rows + chunk - 1) / chunk;
+    std::vector<int64_t> items;
+    for (int64_t e = 0; e < n_expert; ++e) {
+        if (start[(size_t)e + 1] == start[(size_t)e]) continue;
+        for (int64_t c = 0; c < per_expert; ++c) items.push_back(e * per_expert + c);
+    }
+    const uint8_t* wb = static_cast<const uint8_t*>(w);
+    const int64_t mat_bytes = rb * rows;
+    pool_or_global(pool).parallel_for(
+        (int64_t)items.size(),
+        [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) {
+                const int64_t e = items[(size_t)i] / per_expert, c = items[(size_t)i] % per_expert;
+                const int64_t k0 = start[(size_t)e], k1 = start[(size_t)e + 1];
+                const int64_t r0 = c * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+                const uint8_t* mat = wb + e * mat_bytes;
+                for (int64_t r = r0; r < r1; ++r) {
+                    const uint8_t* wr = mat + r * rb;
+                    for (int64_t k = k0; k < k1;) {
+                        if (fn_n) {
+                            const int na = k1 - k < 4 ? (int)(k1 - k) : 4;
+                            float out[4];
+                            fn_n(wr, acts.data() + k * ab, ab, na, n, out);
+                            for (int j = 0; j < na; ++j) y[order[(size_t)(k + j)] * rows + r] = out[j];
+                            k += na;
+                        } else {
+                            y[order[(size_t)k] * rows + r] = fn(wr, acts.data() + k * ab, n);
+                            ++k;
+                        }
+                    }
+                }
+            }
+        },
+        1);
 }
 
 }  // namespace ds4

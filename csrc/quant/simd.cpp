@@ -11,6 +11,14 @@
 #if defined(DS4_ARCH_X86)
 #define DS4_HAVE_X86_KERNELS 1
 #endif
+#if defined(DS4_ARCH_ARM64)
+#define DS4_HAVE_NEON_KERNELS 1
+#if defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+#endif
 
 namespace ds4 {
 
@@ -18,7 +26,30 @@ using namespace quant;
 
 namespace {
 
+#if defined(DS4_ARCH_ARM64) && defined(DS4_HAVE_NEON_KERNELS)
+// dot_neon.cpp is built for armv8.2-a+dotprod+fp16: require SDOT and half-precision SIMD.
+bool arm_has_dotprod_fp16() {
+#if defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP);
+    const unsigned long kAsimdHp = 1ul << 10, kAsimdDp = 1ul << 20;  // HWCAP_ASIMDHP, HWCAP_ASIMDDP
+    return (hw & kAsimdHp) && (hw & kAsimdDp);
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t len = sizeof(v);
+    if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, nullptr, 0) != 0 || !v) return false;
+    v = 0;
+    len = sizeof(v);
+    return sysctlbyname("hw.optional.arm.FEAT_FP16", &v, &len, nullptr, 0) == 0 && v;
+#else
+    return false;
+#endif
+}
+#endif
+
 bool cpu_has(SimdPath p) {
+#if defined(DS4_ARCH_X86) && defined(DS4_HAVE_X86_KERNELS)
+    __builtin_cpu_init();  // idempotent; makes the checks safe even from static initialisers
+#endif
     switch (p) {
         case SimdPath::Scalar: return true;
 #if defined(DS4_ARCH_X86) && defined(DS4_HAVE_X86_KERNELS)
@@ -30,7 +61,10 @@ bool cpu_has(SimdPath p) {
                    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
 #if defined(DS4_ARCH_ARM64) && defined(DS4_HAVE_NEON_KERNELS)
-        case SimdPath::NEON: return true;  // armv8.2 dotprod+fp16 is the arm64 baseline we build for
+        case SimdPath::NEON: {
+            static const bool ok = arm_has_dotprod_fp16();
+            return ok;
+        }
 #endif
         default: return false;
     }
@@ -132,6 +166,16 @@ DotFn dot_fn(const DotKernels& k, GgmlType t) {
     }
     fail(ErrorKind::Unsupported,
          std::string("type ") + type_traits(t).name + " has no CPU dot kernel (not a weight type)");
+}
+
+DotNFn dot_n_fn(const DotKernels& k, GgmlType t) {
+    switch (t) {
+        case GgmlType::Q8_0: return k.q8_0_n;
+        case GgmlType::Q2_K: return k.q2_k_n;
+        case GgmlType::Q4_K: return k.q4_k_n;
+        case GgmlType::IQ2_XXS: return k.iq2_xxs_n;
+        default: return nullptr;
+    }
 }
 
 }  // namespace quant

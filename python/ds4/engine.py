@@ -131,7 +131,8 @@ class Engine:
         return s
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        """Text generation; see :func:`ds4.generation.generate`."""
+        """Text generation; see :func:`ds4.generation.generate` (``kv_cache=`` a
+        :class:`ds4.kvcache.KVCache` restores cached prompt prefixes and stores checkpoints)."""
         from .generation import generate
         return generate(self, *args, **kwargs)
 

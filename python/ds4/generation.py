@@ -10,12 +10,29 @@
   opened a ``<think>`` block, else ``"content"``;
 * one final :class:`FinishEvent` with the finish reason (``"eos"``, ``"stop"`` for a stop string,
   ``"length"`` for the token budget, ``"context"`` when the context is full), the texts, the tokens,
-  usage counts and timings.
+  usage counts and timings (``FinishEvent.message()`` parses DSML tool calls out of the text).
+
+With ``tools`` (a chat with tool schemas), upstream's server rules apply: a DSML recognizer forces
+greedy choices on protocol syntax (tags, attribute headers, JSON punctuation) while parameter
+payloads keep the caller's sampling, and a complete tool block after ``</think>`` ends generation
+with ``"tool_calls"``. Upstream's other server override (thinking forces T=1, top_p=1, min_p=0.05)
+is left to the caller.
 
 Semantics follow upstream (RUNTIME.md §3.7, §9.5, §10.1): EOS is never evaluated nor emitted; stop
 strings are matched on the generated text of the current channel and are not emitted; the sampled
 token is only evaluated when another token is needed, so a finished session holds the prompt plus
 every emitted token but the last (the next ``sync`` evaluates it when the conversation continues).
+
+With ``kv_cache`` (a :class:`ds4.kvcache.KVCache`), the prompt is looked up by its rendered text
+(:func:`prompt_text`): the session is restored from the file holding the longest cached prefix and
+only the text after it is tokenized and evaluated; the cache's save policy runs as upstream's
+server does (RUNTIME.md §7.3-7.4): an ``evict`` store before an unrelated prompt replaces a live
+session, a ``cold`` store after a first prompt with no hit, ``continued`` stores at aligned frontiers
+during prefill and before decode steps. The ``shutdown`` store is the caller's
+(``kv_cache.shutdown(session, engine)`` on a clean exit; pass ``session=`` to keep the session).
+Prompts given as ``tokens=`` are looked up in token mode (only files whose token history is a
+prefix of them; the tokens are kept exactly). On a miss the prompt's own tokenization is used, so a
+run without any hit evaluates exactly what it evaluates without a cache.
 
 Example::
 
@@ -28,10 +45,25 @@ from __future__ import annotations
 import codecs
 import inspect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from .chat import DEFAULT_SYSTEM, encode_chat_prompt, render, think_mode_for_context
+from .chat import (
+    ASSISTANT,
+    BOS,
+    DEFAULT_SYSTEM,
+    THINK_END,
+    THINK_MAX_PREFIX,
+    THINK_START,
+    USER,
+    DsmlTracker,
+    ParsedMessage,
+    encode_chat_prompt,
+    parse_generated,
+    render,
+    think_enabled,
+    think_mode_for_context,
+)
 from .errors import ContextOverflowError, InvalidArgumentError
 from .sampling import (
     DEFAULT_MIN_P,
@@ -53,17 +85,19 @@ __all__ = [
     "FinishEvent",
     "GenerationEvent",
     "build_prompt",
+    "prompt_text",
     "generate",
 ]
 
 DEFAULT_CTX = 32768  # upstream CLI default context
 
-ProgressFn = Callable[[str, int, int], None]
+ProgressFn = Callable[[int, int], None]  # progress(done, total) during sync, as Session.sync
 
 
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of one generation. ``cached_tokens``: prompt tokens reused from the live session."""
+    """Token counts of one generation. ``cached_tokens``: prompt tokens not evaluated because the
+    live session or a disk KV cache file already held them."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -92,7 +126,7 @@ class TokenEvent:
 class FinishEvent:
     """End of generation: why it stopped, what was produced, counts and timings."""
 
-    finish_reason: str  # "eos" | "stop" | "length" | "context"
+    finish_reason: str  # "eos" | "stop" | "length" | "context" | "tool_calls"
     reasoning: str
     content: str
     tokens: tuple[int, ...]
@@ -100,6 +134,13 @@ class FinishEvent:
     prompt_seconds: float
     decode_seconds: float
     stop: str | None = None  # the stop string that matched, for finish_reason == "stop"
+    raw_text: str = ""  # all generated text as the model wrote it (with </think>), cut at a stop string
+    thinking: bool = False  # the prompt opened a <think> block
+    cache_source: str = ""  # where usage.cached_tokens came from: "memory" (live session), "disk", or ""
+
+    def message(self) -> ParsedMessage:
+        """Reasoning, content and DSML tool calls parsed from ``raw_text`` (upstream's final parser)."""
+        return parse_generated(self.raw_text, self.thinking)
 
     @property
     def text(self) -> str:
@@ -152,6 +193,31 @@ def build_prompt(
     if prompt.startswith("<｜begin▁of▁sentence｜>"):
         return tokenizer.encode_rendered(prompt)
     return encode_chat_prompt(tokenizer, prompt, system=system, think=think, ctx=ctx)
+
+
+def prompt_text(
+    prompt: str | None = None,
+    messages: Sequence[Any] | None = None,
+    *,
+    system: str | None = DEFAULT_SYSTEM,
+    tools: Any = None,
+    think: str | bool | None = "high",
+    ctx: int | None = None,
+    raw: bool = False,
+) -> str:
+    """The rendered text of a ``prompt`` / ``messages`` prompt: the bytes of the tokens
+    :func:`build_prompt` returns for the same arguments, without tokenizing anything (the disk KV
+    cache looks prompts up by this text, RUNTIME.md §7.2)."""
+    if (prompt is None) == (messages is None):
+        raise InvalidArgumentError("give exactly one of prompt= or messages=")
+    if messages is not None:
+        return render(messages, tools=tools, think=think, ctx=ctx).text
+    assert prompt is not None
+    if raw or prompt.startswith(BOS):
+        return prompt
+    mode = think_mode_for_context(think, ctx)
+    return "".join((BOS, THINK_MAX_PREFIX if mode == "max" else "", system or "", USER, prompt, ASSISTANT,
+                    THINK_START if think_enabled(mode) else THINK_END))
 
 
 class _StopMatcher:
@@ -207,6 +273,39 @@ def _sync(session, tokens: list[int], progress: ProgressFn | None) -> None:
     session.sync(tokens)
 
 
+class _ProgressSession:
+    """A session whose every ``sync`` reports progress (the disk cache syncs in several steps and
+    knows nothing about progress callbacks)."""
+
+    def __init__(self, session, progress: ProgressFn) -> None:
+        self._s, self._progress = session, progress
+
+    def sync(self, tokens, progress: ProgressFn | None = None) -> None:
+        _sync(self._s, tokens, progress or self._progress)
+
+    def __getattr__(self, name: str):
+        return getattr(self._s, name)
+
+
+def _prepare_cached(kv_cache, engine, session, prompt, messages, tokens, *, system, tools, think, raw):
+    """The disk cache's plan for this prompt (live reuse, evict store, disk hit or cold miss)."""
+    if tokens is not None:
+        if prompt is not None or messages is not None:
+            raise InvalidArgumentError("give exactly one of prompt=, messages= or tokens=")
+        exact = [int(t) for t in tokens]
+        if not exact:
+            raise InvalidArgumentError("the prompt is empty (no tokens)")
+        return kv_cache.prepare(session, exact, engine)
+    text = prompt_text(prompt, messages, system=system, tools=tools, think=think, ctx=session.ctx, raw=raw)
+    if not text:
+        raise InvalidArgumentError("the prompt is empty (no tokens)")
+    return kv_cache.prepare(
+        session, text, engine,
+        full_tokens=lambda: build_prompt(engine.tokenizer, prompt, messages, system=system, tools=tools,
+                                         think=think, ctx=session.ctx, raw=raw),
+    )
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -236,7 +335,9 @@ def generate(
     session=None,
     logprobs: int | None = None,
     progress: ProgressFn | None = None,
+    dsml: bool | None = None,
     stream: bool = True,
+    kv_cache=None,
 ) -> Iterator[GenerationEvent] | FinishEvent:
     """Generate from ``engine``. Returns an iterator of events (``stream=True``) or the FinishEvent.
 
@@ -244,17 +345,37 @@ def generate(
     otherwise a new one of ``ctx`` tokens (default 32768) is created. ``seed=None`` draws a
     time-based seed (upstream's CLI behaviour). ``max_tokens=None`` runs until EOS, a stop string
     or a full context. ``logprobs=k`` attaches the sampled token's logprob and the top-k to events.
+    ``dsml`` turns the tool-call rules on or off (default: on when ``tools`` are given).
+    ``kv_cache``: a :class:`ds4.kvcache.KVCache` to restore the longest cached prefix from and to
+    store checkpoints in (see the module docstring); ``usage.cached_tokens`` and
+    ``FinishEvent.cache_source`` say what was reused. The cache lookup (and a disk load) happens
+    when ``generate`` is called, like the prompt checks.
     """
     if max_tokens is not None and max_tokens < 0:
         raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
     if session is None:
         session = engine.session(ctx=ctx if ctx is not None else DEFAULT_CTX)
     mode = think_mode_for_context(think, session.ctx)
-    prompt_tokens = build_prompt(engine.tokenizer, prompt, messages, tokens, system=system, tools=tools,
-                                 think=mode, ctx=session.ctx, raw=raw)
+    plan = None
+    t0 = time.perf_counter()
+    if kv_cache is None:
+        prompt_tokens = build_prompt(engine.tokenizer, prompt, messages, tokens, system=system, tools=tools,
+                                     think=mode, ctx=session.ctx, raw=raw)
+    else:
+        plan = _prepare_cached(kv_cache, engine, session, prompt, messages, tokens, system=system, tools=tools,
+                               think=mode, raw=raw)
+        prompt_tokens = plan.tokens
+    prepare_seconds = time.perf_counter() - t0
+    if not prompt_tokens:
+        raise InvalidArgumentError("the prompt is empty (no tokens)")
+    if len(prompt_tokens) >= session.ctx:
+        raise ContextOverflowError(
+            f"prompt has {len(prompt_tokens)} tokens, but the context holds {session.ctx} "
+            "(at least one free slot is needed)"
+        )
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     it = _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops,
-              seed, logprobs, progress)
+              seed, logprobs, progress, bool(tools) if dsml is None else dsml, kv_cache, plan, prepare_seconds)
     if stream:
         return it
     final = None
@@ -264,33 +385,48 @@ def generate(
     return final
 
 
-def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
-         logprobs, progress) -> Iterator[GenerationEvent]:
-    tok = engine.tokenizer
-    if not prompt_tokens:
-        raise InvalidArgumentError("the prompt is empty (no tokens)")
-    if len(prompt_tokens) >= session.ctx:
-        raise ContextOverflowError(
-            f"prompt has {len(prompt_tokens)} tokens, but the context holds {session.ctx} "
-            "(at least one free slot is needed)"
-        )
-    live = list(session.tokens)
-    cached = len(live) if _common_prefix(live, prompt_tokens) == len(live) else 0
+_BLOCK_MARKERS = (("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"), ("<DSML｜tool_calls>", "</DSML｜tool_calls>"),
+                  ("<tool_calls>", "</tool_calls>"))
 
-    t0 = time.perf_counter()
-    _sync(session, prompt_tokens, progress)
+
+def _tool_block_closed(text: str, start: int) -> bool:
+    """A tool-call start marker (any syntax) followed by its end marker in ``text[start:]``."""
+    for open_tag, close_tag in _BLOCK_MARKERS:
+        k = text.find(open_tag, start)
+        if k >= 0 and text.find(close_tag, k + len(open_tag)) >= 0:
+            return True
+    return False
+
+
+def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
+         logprobs, progress, dsml, kv_cache=None, plan=None, prepare_seconds=0.0) -> Iterator[GenerationEvent]:
+    tok = engine.tokenizer
+    t0 = time.perf_counter() - prepare_seconds  # a disk load counts as prompt time
+    if kv_cache is None:
+        live = list(session.tokens)
+        cached = len(live) if _common_prefix(live, prompt_tokens) == len(live) else 0
+        cache_source = "memory" if cached else ""
+        _sync(session, prompt_tokens, progress)
+    else:
+        cached = plan.cached_tokens
+        cache_source = plan.source if cached else ""
+        kv_cache.sync(_ProgressSession(session, progress) if progress is not None else session, plan, engine)
     t1 = time.perf_counter()
 
     eos = tok.special.eos
     think_end = tok.special.think_end
-    channel = "reasoning" if tok.special.think_start is not None and prompt_tokens[-1] == tok.special.think_start \
-        else "content"
+    thinking = tok.special.think_start is not None and prompt_tokens[-1] == tok.special.think_start
+    channel = "reasoning" if thinking else "content"
+    tracker = DsmlTracker() if dsml else None
+    raw = ""  # decoded text as generated, </think> included
+    content_start = 0 if not thinking else None  # where post-think text starts in ``raw``
     rng = Rng(seed if seed is not None else time_seed())
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     matcher = _StopMatcher(stops)
     texts = {"reasoning": [], "content": []}
     out_tokens: list[int] = []
     finish, matched = None, None
+    raw_len_at_stop: int | None = None
     budget = max_tokens if max_tokens is not None else session.ctx
 
     def finish_event() -> FinishEvent:
@@ -303,14 +439,26 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
             prompt_seconds=t1 - t0,
             decode_seconds=time.perf_counter() - t1,
             stop=matched,
+            raw_text=raw_text(),
+            thinking=thinking,
+            cache_source=cache_source,
         )
+
+    def raw_text() -> str:
+        return raw[:raw_len_at_stop] if raw_len_at_stop is not None else raw  # cut at a stop string
 
     while True:
         if len(out_tokens) >= budget:
             finish = "length"
             break
+        # A continued checkpoint before each decode step, never inside or after a tool block
+        # (partial DSML must not become a saved frontier).
+        if (kv_cache is not None and kv_cache.continued_target(session.pos)
+                and (tracker is None or tracker.mode == "search")):
+            kv_cache.maybe_store_continued(session, engine)
         logits = session.logits
-        token = sample(logits, temperature, top_k, top_p, min_p, rng)
+        greedy = tracker is not None and tracker.greedy
+        token = sample(logits, 0.0 if greedy else temperature, top_k, top_p, min_p, rng)
         if token == eos:
             finish = "eos"
             break
@@ -320,17 +468,30 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
             tops = tuple(top_logprobs(logits, logprobs)) if logprobs > 0 else ()
         out_tokens.append(token)
         if channel == "reasoning" and token == think_end:
-            released = matcher.reset() + decoder.decode(b"", final=True)
+            flushed = decoder.decode(b"", final=True)
             decoder.reset()
+            raw += flushed + THINK_END
+            content_start = len(raw)
+            released = matcher.reset() + flushed
             texts["reasoning"].append(released)
             yield TokenEvent(token, released, "reasoning", lp, tops)
             channel = "content"
         else:
-            released, matched = matcher.push(decoder.decode(tok.token_to_bytes(token)))
+            delta = decoder.decode(tok.token_to_bytes(token))
+            held_before = len(matcher.text)
+            released, matched = matcher.push(delta)
+            if matched is not None:  # matcher.text is the tail of ``raw`` since the channel began
+                raw_len_at_stop = len(raw) - held_before + matcher.released
+            raw += delta
             texts[channel].append(released)
             yield TokenEvent(token, released, channel, lp, tops)
             if matched is not None:
                 finish = "stop"
+                break
+        if tracker is not None:
+            tracker.update(raw)
+            if content_start is not None and _tool_block_closed(raw, content_start):
+                finish = "tool_calls"
                 break
         if len(out_tokens) >= budget:
             finish = "length"
@@ -345,9 +506,14 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
             break
 
     if finish != "stop":
-        tail, late = matcher.push(decoder.decode(b"", final=True))
+        final = decoder.decode(b"", final=True)  # an incomplete UTF-8 tail becomes U+FFFD
+        held_before = len(matcher.text)
+        tail, late = matcher.push(final)
         if late is None:
             tail += matcher.reset()  # a stop string that never completed is ordinary text
+        else:
+            raw_len_at_stop = len(raw) - held_before + matcher.released
+        raw += final
         if tail:
             texts[channel].append(tail)
             yield TokenEvent(None, tail, channel)

@@ -22,8 +22,12 @@ Integration (what ``generate`` / the CLI / the server do)::
 ``prepare`` returns a :class:`PreparedPrompt` whose ``tokens`` is the full token list to sync
 (``cached_tokens`` of which are already live in the session). ``engine`` may be an Engine (its
 ``tokenizer``, ``info.routed_bits`` and ``info.shape`` are used) or just a tokenizer with
-``quant_bits=`` / ``shape=`` keywords. CLI flags: ``--kv-cache-dir DIR`` (enables the cache) and
-``--kv-cache-mb N`` (``max_bytes = N * MiB``; 0 means the 4096 MiB default, as upstream).
+``quant_bits=`` / ``shape=`` keywords; ``prompt`` may also be a token list (then only files whose
+token history is an exact prefix are used, and the tokens are kept as given).
+
+CLI wiring: ``ds4.kvcache.add_arguments(parser)`` adds ``--kv-cache-dir DIR`` (enables the cache),
+``--kv-cache-mb N`` (``max_bytes = N * MiB``; 0 means the 4096 MiB default, as upstream) and the
+``--kv-cache-*`` knobs; ``ds4.kvcache.from_args(args)`` returns the KVCache or None.
 
 Policy, as upstream's server (RUNTIME.md §7.3-7.6):
 
@@ -82,6 +86,8 @@ __all__ = [
     "eviction_score",
     "read_cache_file",
     "scan_directory",
+    "add_arguments",
+    "from_args",
 ]
 
 log = logging.getLogger("ds4.kvcache")
@@ -394,16 +400,15 @@ class KVCache:
         clock: Callable[[], float] = time.time,
     ) -> None:
         checks = [
-            ("max_bytes", max_bytes, max_bytes >= 0, ">= 0"),
-            ("min_tokens", min_tokens, min_tokens > 0, "> 0"),
-            ("cold_max_tokens", cold_max_tokens,
-             cold_max_tokens == 0 or cold_max_tokens >= min_tokens, "0 or >= min_tokens"),
-            ("continued_interval", continued_interval, continued_interval >= 0, ">= 0"),
-            ("boundary_trim", boundary_trim, boundary_trim >= 0, ">= 0"),
-            ("boundary_align", boundary_align, boundary_align >= 0, ">= 0"),
+            ("max_bytes", max_bytes, lambda v: v >= 0, ">= 0"),
+            ("min_tokens", min_tokens, lambda v: v > 0, "> 0"),
+            ("cold_max_tokens", cold_max_tokens, lambda v: v == 0 or v >= min_tokens, "0 or >= min_tokens"),
+            ("continued_interval", continued_interval, lambda v: v >= 0, ">= 0"),
+            ("boundary_trim", boundary_trim, lambda v: v >= 0, ">= 0"),
+            ("boundary_align", boundary_align, lambda v: v >= 0, ">= 0"),
         ]
         for name, value, ok, want in checks:
-            if not isinstance(value, int) or not ok:
+            if not isinstance(value, int) or isinstance(value, bool) or not ok(value):
                 raise InvalidArgumentError(f"KVCache {name}={value!r}, expected an integer {want}")
         self.dir = Path(os.path.expanduser(os.fspath(dir)))
         self.max_bytes = max_bytes or DEFAULT_MAX_BYTES
@@ -794,6 +799,7 @@ class KVCache:
         quant_bits: int | None = None,
         shape: Any = None,
         reuse_live: bool = True,
+        full_tokens: Callable[[], Sequence[int]] | None = None,
     ) -> PreparedPrompt:
         """Decide how to reach ``prompt`` in ``session`` (RUNTIME.md §9.7 steps 7-9).
 
@@ -808,6 +814,11 @@ class KVCache:
         Text mode tokenizes only the text after a reused prefix, as upstream does (BPE may merge
         across the boundary, so the request's own tokenization is not sliced). Token mode keeps the
         given tokens exactly and only accepts files whose token history is a prefix of them.
+
+        ``full_tokens`` (text mode): on a miss, the whole prompt's tokens come from this call
+        instead of ``encode_rendered(prompt)``, so a caller whose own tokenization of the same text
+        differs (the CLI encodes chat parts one by one) runs exactly what it runs without a cache,
+        and a hit never pays for a full tokenization.
         """
         m = self._model(session, model, quant_bits, shape)
         exact: list[int] | None = None
@@ -835,6 +846,8 @@ class KVCache:
             return hit
         if exact is not None:
             tokens = exact
+        elif full_tokens is not None:
+            tokens = [int(t) for t in full_tokens()]
         else:
             try:
                 full_text = prompt if isinstance(prompt, str) else data.decode("utf-8")
@@ -863,6 +876,10 @@ class KVCache:
                 continue
             if exact is not None:
                 n = cf.payload_header.tokens
+                if len(cf.payload) < PAYLOAD_HEADER_BYTES + 4 * n:
+                    log.warning("kv cache discarded corrupt file %s: payload shorter than its tokens", entry.path)
+                    self.remove(entry)
+                    continue
                 stored = struct.unpack_from(f"<{n}I", cf.payload, PAYLOAD_HEADER_BYTES)
                 if len(exact) < n or list(stored) != exact[:n]:
                     log.debug("kv cache skipped %s: its tokens are not a prefix of the prompt tokens", entry.path)
@@ -907,16 +924,17 @@ class KVCache:
         prepared: PreparedPrompt,
         model: Any = None,
         *,
-        split_continued: bool = False,
+        split_continued: bool = True,
         **kw: Any,
     ) -> None:
         """Sync ``session`` to ``prepared.tokens``, pausing at the cold point to store a ``cold``
         checkpoint, then store a ``continued`` one if the end is a target. The graph only moves
         forward: each pause is a prefix of the prompt, so the next sync extends it.
 
-        ``split_continued=True`` also pauses at every continued target inside the prompt, like
-        upstream's chunked GPU prefill does; leave it off where extending a session is slower than
-        a cold prefill (upstream's CPU path extends token by token).
+        With ``split_continued`` (default) it also pauses at every continued target inside the
+        prompt, as upstream's chunked GPU prefill does. ds4's engine extends a session with the
+        same batched prefill as a cold start, so the pauses cost nothing; turn it off for an engine
+        whose extend path is token by token (upstream's CPU backend).
         """
         tokens = prepared.tokens
         n = len(tokens)
@@ -975,3 +993,35 @@ def _marker_ids(tokenizer: Any) -> tuple[int | None, int | None]:
     if id_of is not None:
         return id_of(USER_MARKER.decode()), id_of(ASSISTANT_MARKER.decode())
     return None, None
+
+
+def add_arguments(parser: Any) -> None:
+    """Add the disk-cache flags to an argparse parser (upstream names in parentheses):
+    ``--kv-cache-dir`` (``--kv-disk-dir``), ``--kv-cache-mb`` (``--kv-disk-space-mb``) and the
+    ``--kv-cache-*`` policy knobs of RUNTIME.md §7.7."""
+    g = parser.add_argument_group("disk KV cache")
+    g.add_argument("--kv-cache-dir", "--kv-disk-dir", dest="kv_cache_dir", default=None, metavar="DIR",
+                   help="reuse prompt prefixes across runs through .kv files in DIR (off by default)")
+    g.add_argument("--kv-cache-mb", "--kv-disk-space-mb", dest="kv_cache_mb", type=int, default=4096,
+                   metavar="N", help="disk budget in MiB (default 4096)")
+    g.add_argument("--kv-cache-min-tokens", type=int, default=512, metavar="N")
+    g.add_argument("--kv-cache-cold-max-tokens", type=int, default=30000, metavar="N")
+    g.add_argument("--kv-cache-continued-interval-tokens", type=int, default=10000, metavar="N")
+    g.add_argument("--kv-cache-boundary-trim-tokens", type=int, default=32, metavar="N")
+    g.add_argument("--kv-cache-boundary-align-tokens", type=int, default=2048, metavar="N")
+    g.add_argument("--kv-cache-reject-different-quant", action="store_true")
+
+
+def from_args(args: Any) -> KVCache | None:
+    """The :class:`KVCache` the flags of :func:`add_arguments` ask for, or None when disabled."""
+    if not getattr(args, "kv_cache_dir", None):
+        return None
+    if args.kv_cache_mb < 0:
+        raise InvalidArgumentError(f"--kv-cache-mb {args.kv_cache_mb}: expected a positive number of MiB")
+    return KVCache(
+        args.kv_cache_dir, max_bytes=args.kv_cache_mb * MiB, min_tokens=args.kv_cache_min_tokens,
+        cold_max_tokens=args.kv_cache_cold_max_tokens,
+        continued_interval=args.kv_cache_continued_interval_tokens,
+        boundary_trim=args.kv_cache_boundary_trim_tokens, boundary_align=args.kv_cache_boundary_align_tokens,
+        reject_different_quant=args.kv_cache_reject_different_quant,
+    )

@@ -92,6 +92,9 @@ def byte_to_unicode() -> dict[int, str]:
 
 _BYTE_TO_UNICODE = byte_to_unicode()
 _UNICODE_TO_BYTE = {ord(c): b for b, c in _BYTE_TO_UNICODE.items()}
+# str.translate table: alphabet character -> the latin-1 character of its byte; code points below 324
+# that are not in the alphabet are deleted (higher ones make latin-1 encoding fail -> slow path).
+_BYTELEVEL_TABLE = {cp: (chr(_UNICODE_TO_BYTE[cp]) if cp in _UNICODE_TO_BYTE else None) for cp in range(324)}
 
 
 @dataclass(frozen=True)
@@ -197,8 +200,10 @@ class Tokenizer:
         s = self._tokens[i]
         if self._is_literal(i):
             return s.encode("utf-8")
-        # Code points outside the byte alphabet are dropped, as upstream does.
-        return bytes(_UNICODE_TO_BYTE[ord(c)] for c in s if ord(c) in _UNICODE_TO_BYTE)
+        try:
+            return s.translate(_BYTELEVEL_TABLE).encode("latin-1")
+        except UnicodeEncodeError:  # code points outside the byte alphabet are dropped, as upstream
+            return bytes(_UNICODE_TO_BYTE[ord(c)] for c in s if ord(c) in _UNICODE_TO_BYTE)
 
     def _build_hf(self, merges: Sequence[str], source: str):
         from tokenizers import Regex
@@ -278,7 +283,11 @@ class Tokenizer:
         if not text:
             return []
         try:
-            return self._hf.encode(text, add_special_tokens=False).ids
+            chunks = _safe_chunks(text, _CHUNK_CHARS)
+            if len(chunks) == 1:
+                return self._hf.encode(text, add_special_tokens=False).ids
+            batch = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
+            return [i for enc in batch(chunks, add_special_tokens=False) for i in enc.ids]
         except Exception as e:
             bad = next((i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF), None)
             if bad is not None:
@@ -325,6 +334,33 @@ class Tokenizer:
         return f"Tokenizer(n_vocab={self.n_vocab}, source={self.source!r})"
 
 
+# ---- long texts --------------------------------------------------------------------------------
+
+# The HF pre-tokenizer slows down on very long strings (its regex splits keep per-piece offsets), so
+# long texts are cut at points no pre-tokenizer piece can cross and encoded as a batch. A newline
+# followed by printable non-space ASCII is such a point: every alternative of the official regex
+# that can contain a newline ends at the last newline of its run (\s*[\r\n]+, [\p{P}\p{S}]+[\r\n]*,
+# \s+(?!\S) before a non-space), and no alternative can start with a newline and continue into a
+# non-space character; the digit and CJK splits never contain a newline.
+_CHUNK_CHARS = 4096
+_SAFE_CUT = re.compile(r"\n(?=[!-~])")
+
+
+def _safe_chunks(text: str, target: int) -> list[str]:
+    """``text`` cut at safe points into pieces of about ``target`` characters (or fewer cuts)."""
+    if len(text) <= target:
+        return [text]
+    out, start = [], 0
+    while len(text) - start > target:
+        m = _SAFE_CUT.search(text, start + target)
+        if m is None:
+            break
+        out.append(text[start:m.end()])
+        start = m.end()
+    out.append(text[start:])
+    return out
+
+
 # ---- GGUF header reading (key/value section only) ------------------------------------------------
 
 _GGUF_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -364,6 +400,29 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise ModelFormatError(f"{self.path}: {what} is not valid UTF-8: {e}") from e
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """``count`` length-prefixed strings (the hot path for 129k-token vocabularies)."""
+        buf, off, size = self.buf, self.off, len(self.buf)
+        unpack = struct.Struct("<Q").unpack_from
+        raw = []
+        append = raw.append
+        for _ in range(count):
+            if off + 8 > size:
+                self.off = off
+                self._need(8, what)
+            (n,) = unpack(buf, off)
+            off += 8
+            if off + n > size:
+                self.off = off
+                self._need(n, what)
+            append(buf[off:off + n])
+            off += n
+        self.off = off
+        try:
+            return [b.decode("utf-8") for b in raw]
+        except UnicodeDecodeError as e:
+            raise ModelFormatError(f"{self.path}: {what} holds a string that is not valid UTF-8: {e}") from e
+
     def skip_strings(self, count: int, what: str) -> None:
         for _ in range(count):
             n = self.scalar("<Q", what)
@@ -389,7 +448,7 @@ class _Cursor:
             if not keep:
                 self.skip_strings(count, key)
                 return None
-            return [self.string(key) for _ in range(count)]
+            return self.strings(count, key)
         if etype == _GGUF_ARRAY:
             out = [self.value(_GGUF_ARRAY, key, keep) for _ in range(count)]
             return out if keep else None

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ds4.reference.attention import attend
 from ds4.reference.numerics import NEG
 from ds4.reference.state import LayerState, ReferenceState
-from ds4.shape import FLASH, ModelShape, flash_ratios
+from ds4.shape import ModelShape, flash_ratios
 
 seeds = st.integers(0, 2**32 - 1)
 
@@ -99,10 +99,10 @@ def test_payload_layout_and_size():
     assert hdr == (0x34565344, 1, 40, 40, 4, 4, 40 // 4 + 2, 9, 4, 192, 128, 64, 4)
     names = [n for n, _ in st_.payload_arrays()]
     assert names[:4] == ["tokens", "logits", "n_comp", "n_index_comp"]
-    assert names[4:] == ["blk.0.raw", "blk.1.raw", "blk.2.raw", "blk.2.comp", "blk.2.attn_state_kv",
-                         "blk.2.attn_state_score", "blk.2.index_comp", "blk.2.index_state_kv",
-                         "blk.2.index_state_score", "blk.3.raw", "blk.3.comp", "blk.3.attn_state_kv",
-                         "blk.3.attn_state_score"]
+    assert names[4:] == ["layer0.raw", "layer1.raw", "layer2.raw", "layer2.comp", "layer2.attn_state_kv",
+                         "layer2.attn_state_score", "layer2.index_comp", "layer2.index_state_kv",
+                         "layer2.index_state_score", "layer3.raw", "layer3.comp", "layer3.attn_state_kv",
+                         "layer3.attn_state_score"]
     # RUNTIME.md §6.1 size formula
     R, D, I = 4, 192, 128
     expect = 52 + 4 * 9 + 4 * 64 + 8 * 4 + 4 * R * 4 * D

@@ -246,3 +246,37 @@ def test_mtp(model_dir):
     if m_plain is not None:
         with pytest.raises(InvalidArgumentError):
             m_plain.mtp_logits(m_plain.new_state(8), np.zeros((4, 256), np.float32), 1, 0)
+
+
+def test_finish_flag_and_reset_rows(fast_reference):
+    m, prompt, logits, payload = fast_reference
+    dec = m.new_state(64)
+    for t in prompt:
+        out = m.decode(dec, t)
+    assert np.array_equal(out, logits)
+    raw = m.new_state(64)
+    m.prefill(raw, prompt, finish=False)
+    assert raw.to_payload() == dec.to_payload()            # no reset: exactly the decode state
+    assert payload != dec.to_payload()                     # the reset changed bytes ...
+    ls = dec.layers[2]                                     # ... only in the ratio-4 frontier rows 4..7
+    assert np.array_equal(ls.attn.kv[4:], ls.attn.kv[:4])  # decode: the shift left copies there
+    dec.finish_prefill()
+    assert dec.to_payload() == payload
+    assert not dec.layers[2].attn.kv[4:].any() and np.all(dec.layers[2].attn.score[4:] == -1e30)
+
+
+@settings(max_examples=6)
+@given(ds4.testing.shapes(max_layers=4), st.integers(0, 2**16))
+def test_drawn_shapes_run(tmp_path_factory, shape, seed):
+    """Any valid small shape (either schedule) runs: finite logits, decode == prefill."""
+    path = ds4.testing.write_model(tmp_path_factory.mktemp("drawn") / "m.gguf", shape, seed=seed)
+    m = ReferenceModel(path)
+    assert m.shape == shape
+    prompt = _prompt(9, shape.n_vocab, seed)
+    st_ = m.new_state(32)
+    logits = m.prefill(st_, prompt)
+    assert logits.shape == (shape.n_vocab,) and np.all(np.isfinite(logits))
+    dec = m.new_state(32)
+    for t in prompt:
+        out = m.decode(dec, t)
+    assert np.array_equal(out, logits)

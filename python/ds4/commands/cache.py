@@ -64,7 +64,7 @@ def _scan(directory: str):
 
 def _preview(text: bytes, n: int = PREVIEW_BYTES) -> str:
     s = text[:n].decode("utf-8", "replace")
-    s = s.encode("unicode_escape").decode("ascii")
+    s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)  # one line: escape \n, \t...
     return s + ("..." if len(text) > n else "")
 
 

@@ -5,6 +5,11 @@ The transcript is a token list: BOS [+ think-max prefix] [+ system text], then p
 text + the assistant prefix, the generated tokens (reasoning included) and an EOS that the next
 turn's sync evaluates. Commands: /help, /think, /think-max, /nothink, /ctx N, /read FILE,
 /quit, /exit.
+
+With ``--kv-cache-dir DIR`` the first turn may restore its prefix from the disk cache (files whose
+token history is a prefix of the transcript), checkpoints are stored as the cache's policy says
+(cold, continued, ``evict`` before /ctx or a think-max toggle drops the session) and a clean exit
+(/quit, /exit, end of input) stores the live session (``shutdown``).
 """
 
 from __future__ import annotations
@@ -27,22 +32,28 @@ _HELP = """commands:
 
 
 def register(subparsers: Any) -> None:
-    from .generate import add_sampling_args
+    from .generate import add_kv_cache_arguments, add_sampling_args
 
     p = subparsers.add_parser("chat", help="interactive multi-turn chat",
                               description="Interactive chat; the live session is kept between turns.")
     add_sampling_args(p)
+    add_kv_cache_arguments(p)
     p.set_defaults(func=run)
 
 
 class ChatRepl:
-    """Transcript + live session + command handling; ``turn(text)`` runs one exchange."""
+    """Transcript + live session + command handling; ``turn(text)`` runs one exchange.
+
+    ``kv_cache``: a :class:`ds4.kvcache.KVCache` used by every turn; :meth:`close` stores the
+    ``shutdown`` checkpoint (``loop`` calls it on a clean exit).
+    """
 
     def __init__(self, engine, args: argparse.Namespace, out: TextIO | None = None,
-                 err: TextIO | None = None) -> None:
+                 err: TextIO | None = None, kv_cache=None) -> None:
         from .generate import ProgressBar, StreamPrinter
 
         self.engine, self.args = engine, args
+        self.kv = kv_cache
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.tok = engine.tokenizer
         self.think = args.think
@@ -92,7 +103,7 @@ class ChatRepl:
             self.think = {"/think": "high", "/think-max": "max", "/nothink": "none"}[cmd]
             if (before == "max") != (self._effective_think() == "max"):
                 self._rebuild_transcript_head()
-                self.session = self.engine.session(ctx=self.ctx)  # the transcript changed at index 1
+                self._new_session(self.ctx)  # the transcript changed at index 1
             note = " (ctx below 393216)" if self.think == "max" and self._effective_think() != "max" else ""
             print(f"Thinking mode: {self._effective_think()}{note}", file=self.err)
         elif cmd == "/ctx":
@@ -104,7 +115,7 @@ class ChatRepl:
                 print("usage: /ctx N (N > 0)", file=self.err)
                 return True
             self.ctx = n
-            self.session = self.engine.session(ctx=n)
+            self._new_session(n)
             self._rebuild_transcript_head()
             print(f"Context: {n} tokens", file=self.err)
         elif cmd == "/read":
@@ -119,12 +130,24 @@ class ChatRepl:
             print(f"unknown command {cmd}; /help lists them", file=self.err)
         return True
 
+    def _new_session(self, ctx: int) -> None:
+        """Replace the live session; with a disk cache its state is stored first (``evict``)."""
+        if self.kv is not None and self.session.pos >= self.kv.min_tokens:
+            self.kv.store(self.session, "evict", self.engine)
+        self.session = self.engine.session(ctx=ctx)
+
+    def close(self) -> None:
+        """Clean exit: store the live session in the disk cache (``shutdown``)."""
+        from .generate import store_shutdown
+
+        store_shutdown(self.kv, self.session, self.engine, self.err)
+
     # -- one exchange -------------------------------------------------------------------------------
 
     def turn(self, text: str):
         from ..chat import append_assistant_prefix, append_message
         from ..generation import FinishEvent, generate
-        from .generate import report_speed
+        from .generate import report_cache, report_speed
 
         before = len(self.transcript)
         append_message(self.tok, self.transcript, "user", text)
@@ -134,7 +157,7 @@ class ChatRepl:
         try:
             for ev in generate(self.engine, tokens=self.transcript, session=self.session,
                                max_tokens=a.max_tokens, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
-                               min_p=a.min_p, seed=a.seed, progress=self.bar):
+                               min_p=a.min_p, seed=a.seed, progress=self.bar, kv_cache=self.kv):
                 if isinstance(ev, FinishEvent):
                     fin = ev
                 else:
@@ -154,6 +177,7 @@ class ChatRepl:
         self.printer.end()
         self.transcript += list(fin.tokens)
         self.transcript.append(self.tok.require("eos"))  # not evaluated now; the next sync does it
+        report_cache(fin, self.err)
         report_speed(fin)
         return fin
 
@@ -183,10 +207,12 @@ class ChatRepl:
                     self.turn(line)
             except Ds4Error as e:
                 print(f"error: {e}", file=self.err)
+        self.close()
         return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    from .generate import open_engine
+    from .generate import open_engine, open_kv_cache
 
-    return ChatRepl(open_engine(args), args).loop()
+    cache = open_kv_cache(args)
+    return ChatRepl(open_engine(args), args, kv_cache=cache).loop()

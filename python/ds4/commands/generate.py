@@ -4,6 +4,11 @@ Like upstream's ``ds4 -p``: the prompt is one chat turn with the system text (de
 helpful assistant"), unless it starts with the BOS string (already-rendered chat) or ``--raw`` is
 given (plain text, no template). Reasoning is printed dimmed on a terminal; speeds go to stderr as
 ``ds4: prefill: X t/s, generation: Y t/s``.
+
+``--kv-cache-dir DIR`` (and the other ``--kv-cache-*`` flags of :mod:`ds4.kvcache`) keeps session
+checkpoints on disk: a later run whose prompt starts with a cached text restores it and prefills
+only the rest (stderr says how many tokens came from the cache); a clean exit stores the final
+state (``shutdown``). Cache problems are warnings on stderr, never lost output.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from ..errors import ContextOverflowError, Ds4IOError, InvalidArgumentError
+from ..kvcache import add_arguments as add_kv_cache_arguments
 
-__all__ = ["register", "run", "add_sampling_args", "open_engine", "ReferenceEngine", "ProgressBar",
-           "think_from_args", "StreamPrinter"]
+__all__ = ["register", "run", "add_sampling_args", "open_engine", "open_kv_cache", "ReferenceEngine",
+           "ProgressBar", "think_from_args", "StreamPrinter", "report_cache"]
 
 _DIM, _RESET = "\x1b[2m", "\x1b[0m"
 
@@ -40,6 +46,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="thinking mode (default high; max needs ctx >= 393216)")
     p.add_argument("--nothink", dest="think", action="store_const", const="none", help="disable thinking")
     p.add_argument("--think-max", dest="think", action="store_const", const="max", help="think mode max")
+    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="CPU threads (default: physical cores)")
     p.add_argument("--reference", action="store_true",
                    help="run the pure-numpy reference model instead of the compiled engine (small models only)")
     p.add_argument("--progress", action="store_true", help="always show the prefill progress bar")
@@ -49,11 +57,18 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("generate", help="generate text from a prompt",
                               description="One-shot generation from a prompt, streamed to stdout.")
     add_sampling_args(p)
+    add_kv_cache_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", default=None, help="prompt text")
     src.add_argument("--prompt-file", default=None, metavar="FILE", help="read the prompt from FILE")
     p.add_argument("--raw", action="store_true", help="plain-tokenize the prompt (no chat template, no BOS)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--dump-tokens", action="store_true",
+                   help="print the prompt's tokens (id and vocabulary string) and exit; no inference")
+    p.add_argument("--dump-logprobs", default=None, metavar="FILE",
+                   help="greedy continuation writing each step's top logprobs as JSON (upstream's format)")
+    p.add_argument("--logprobs-top-k", type=int, default=20, metavar="N",
+                   help="entries per step for --dump-logprobs (default 20, at most 128)")
     p.set_defaults(func=run)
 
 
@@ -92,12 +107,12 @@ class _ReferenceSession:
             for i, t in enumerate(suffix):
                 self.logits = self._model.decode(self._st, t)
                 if progress is not None:
-                    progress("decode", i + 1, len(suffix))
+                    progress(i + 1, len(suffix))
             return
         self._st = self._model.new_state(self.ctx)
         self.logits = self._model.prefill(self._st, tokens)
         if progress is not None:
-            progress("prefill_chunk", len(tokens), len(tokens))
+            progress(len(tokens), len(tokens))
 
     def eval(self, token: int) -> None:
         if self.pos >= self.ctx:
@@ -120,6 +135,26 @@ class ReferenceEngine:
         return _ReferenceSession(self.model, ctx)
 
 
+def open_kv_cache(args: argparse.Namespace):
+    """The disk KV cache the ``--kv-cache-*`` flags ask for, or None. Opened before the model so a
+    bad directory fails fast (Ds4IOError naming it); its warnings go to stderr as ``ds4: ...``."""
+    import logging
+
+    from ..kvcache import from_args
+
+    if not getattr(args, "kv_cache_dir", None):
+        return None
+    if getattr(args, "reference", False):
+        raise InvalidArgumentError("--kv-cache-dir needs the compiled engine; it cannot be used with --reference")
+    log = logging.getLogger("ds4.kvcache")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("ds4: %(message)s"))
+        handler.setLevel(logging.WARNING)
+        log.addHandler(handler)
+    return from_args(args)
+
+
 def open_engine(args: argparse.Namespace):
     from ..testing import default_model_path
 
@@ -136,7 +171,7 @@ def open_engine(args: argparse.Namespace):
         raise InvalidArgumentError(
             "the compiled engine is not available in this build; pass --reference to run the numpy "
             "reference model (small models only)") from None
-    return Engine(path)
+    return Engine(path, threads=args.threads)
 
 
 # ---- terminal output -----------------------------------------------------------------------------
@@ -152,7 +187,7 @@ class ProgressBar:
         self._last = 0.0
         self._shown = False
 
-    def __call__(self, what: str, current: int, total: int) -> None:
+    def __call__(self, current: int, total: int) -> None:
         if not self.enabled or total < self.min_total:
             return
         now = time.monotonic()
@@ -198,9 +233,26 @@ class StreamPrinter:
         self.stream.flush()
 
 
+def report_cache(fin, stream=None) -> None:
+    """One stderr line when prompt tokens were restored from the disk cache."""
+    if fin.cache_source == "disk" and fin.usage.cached_tokens:
+        print(f"ds4: kv cache: {fin.usage.cached_tokens} of {fin.usage.prompt_tokens} prompt tokens "
+              "restored from disk", file=stream or sys.stderr)
+
+
+def store_shutdown(cache, session, engine, stream=None) -> None:
+    """The ``shutdown`` checkpoint of a clean exit (skipped below the cache's min tokens)."""
+    if cache is None or session is None:
+        return
+    entry = cache.shutdown(session, engine)
+    if entry is not None:
+        print(f"ds4: kv cache: saved {entry.tokens} tokens ({entry.path.name})", file=stream or sys.stderr)
+
+
 def report_speed(fin) -> None:
+    cached = f", {fin.usage.cached_tokens} reused" if fin.usage.cached_tokens else ""
     print(f"ds4: prefill: {fin.prefill_tps:.2f} t/s, generation: {fin.decode_tps:.2f} t/s "
-          f"({fin.usage.prompt_tokens} prompt, {fin.usage.completion_tokens} generated, "
+          f"({fin.usage.prompt_tokens} prompt{cached}, {fin.usage.completion_tokens} generated, "
           f"finish: {fin.finish_reason})", file=sys.stderr)
 
 
@@ -215,7 +267,13 @@ def run(args: argparse.Namespace) -> int:
             raise Ds4IOError(f"{args.prompt_file}: cannot read prompt file: {e}") from e
     else:
         prompt = args.prompt
+    if args.dump_tokens:
+        return dump_tokens(args, prompt)
+    cache = open_kv_cache(args) if args.dump_logprobs is None else None
     engine = open_engine(args)
+    if args.dump_logprobs is not None:
+        return dump_logprobs(engine, args, prompt)
+    session = engine.session(ctx=args.ctx) if cache is not None else None
     bar = ProgressBar(enabled=True if args.progress else None)
     out = StreamPrinter()
     fin = None
@@ -223,15 +281,114 @@ def run(args: argparse.Namespace) -> int:
         for ev in generate(engine, prompt=prompt, max_tokens=args.max_tokens, temperature=args.temp,
                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, stop=args.stop,
                            seed=args.seed, think=think_from_args(args), system=args.system or None,
-                           raw=args.raw, ctx=args.ctx, progress=bar):
+                           raw=args.raw, ctx=args.ctx, session=session, progress=bar, kv_cache=cache):
             if isinstance(ev, FinishEvent):
                 fin = ev
             else:
                 bar.close()
                 out.write(ev.text, ev.channel)
+    except KeyboardInterrupt:
+        bar.close()
+        out.end()
+        print("ds4: interrupted", file=sys.stderr)
+        return 130
     finally:
         bar.close()
     out.end()
     if fin is not None:
+        report_cache(fin)
         report_speed(fin)
+    store_shutdown(cache, session, engine)
+    return 0
+
+
+def dump_tokens(args: argparse.Namespace, prompt: str) -> int:
+    """Upstream's ``--dump-tokens`` layout: the id list, then one line per token (id right-aligned
+    in 6 columns, two spaces, the raw vocabulary string). Only the GGUF header is read."""
+    from ..generation import build_prompt
+    from ..testing import default_model_path
+    from ..tokenizer import Tokenizer
+
+    path = args.model if args.model is not None else default_model_path()
+    tok = Tokenizer.from_gguf(path)
+    ids = build_prompt(tok, prompt, system=args.system or None, think=args.think, ctx=args.ctx, raw=args.raw)
+    print("[" + ", ".join(str(i) for i in ids) + "]")
+    for i in ids:
+        print(f"{i:6d}  {tok.tokens[i]}")
+    return 0
+
+
+def _json_token_text(data: bytes) -> str:
+    """Upstream's JSON string for a token piece: bytes >= 0x80 become \\u00XX when the piece is not
+    valid UTF-8 (the "bytes" array is authoritative)."""
+    try:
+        data.decode("utf-8")
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
+    out = ['"']
+    for c in data:
+        if c in (0x22, 0x5C):
+            out.append("\\" + chr(c))
+        elif c == 0x0A:
+            out.append("\\n")
+        elif c == 0x0D:
+            out.append("\\r")
+        elif c == 0x09:
+            out.append("\\t")
+        elif c < 0x20 or (c >= 0x80 and not valid):
+            out.append(f"\\u{c:04x}")
+        else:
+            out.append(chr(c))
+    out.append('"')
+    text = "".join(out)
+    return text.encode("latin-1").decode("utf-8") if valid else text
+
+
+def _json_token(tok, token: int) -> str:
+    data = tok.token_to_bytes(token)
+    return f'{{"id":{token},"text":{_json_token_text(data)},"bytes":[{",".join(str(b) for b in data)}]}}'
+
+
+def dump_logprobs(engine, args: argparse.Namespace, prompt: str) -> int:
+    """Upstream's ``--dump-logprobs``: greedy steps with the top-k logprobs of each, as JSON, written
+    atomically; stops after the EOS step or when the budget / context runs out."""
+    from ..generation import build_prompt
+    from ..sampling import argmax, top_logprobs
+
+    tok = engine.tokenizer
+    ids = build_prompt(tok, prompt, system=args.system or None, think=args.think, ctx=args.ctx, raw=args.raw)
+    if len(ids) >= args.ctx:
+        raise ContextOverflowError(f"prompt has {len(ids)} tokens, but the context holds {args.ctx}")
+    k = args.logprobs_top_k if args.logprobs_top_k > 0 else 20
+    k = min(k, 128)
+    s = engine.session(ctx=args.ctx)
+    s.sync(ids)
+    room = s.ctx - s.pos
+    budget = 0 if room <= 1 else room - 1
+    if args.max_tokens is not None:
+        budget = min(budget, args.max_tokens)
+    lines = [f'{{\n  "source":"ds4",\n  "prompt_tokens":{len(ids)},\n  "ctx":{args.ctx},\n  "top_k":{k},\n  "steps":[\n']
+    steps = []
+    for step in range(budget):
+        logits = s.logits
+        scores = top_logprobs(logits, k)
+        token = argmax(logits)
+        tops = ",".join(f'{{"token":{_json_token(tok, e.id)},"logit":{e.logit:.9g},"logprob":{e.logprob:.9g}}}'
+                        for e in scores)
+        steps.append(f'    {{"step":{step},"selected":{_json_token(tok, token)},"top_logprobs":[{tops}]}}')
+        if token == tok.special.eos:
+            break
+        s.eval(token)
+    lines.append(",\n".join(steps))
+    lines.append("\n  ]\n}\n")
+    path = args.dump_logprobs
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("".join(lines))
+        os.replace(tmp, path)
+    except OSError as e:
+        raise Ds4IOError(f"{path}: cannot write --dump-logprobs file: {e}") from e
+    print(f"ds4: wrote {len(steps)} steps to {path}", file=sys.stderr)
     return 0

@@ -16,7 +16,10 @@ with names ``hc_attn`` / ``hc_ffn`` (:class:`~ds4.reference.hc.HcSplit`), ``attn
 ``allowed``, ``indexer_scores``, ``indexer_selected``, ``heads``, ``attn_out``, ``after_attn``,
 ``ffn_in``, ``ffn_norm``, ``router_probs``, ``experts``, ``expert_weights``, ``expert_mid``,
 ``moe_out``, ``shared_out``, ``ffn_out``, ``out``; then ``head_collapse``, ``head_norm``,
-``logits`` (the head entries only for tokens whose logits are computed).
+``logits`` (the head entries only for tokens whose logits are computed). ``q`` and ``kv`` are
+after RoPE (``kv`` also after the FP8 round trip, before the cache's F16 round trip); ``heads``
+after the inverse RoPE; ``comp_row`` / ``index_row`` are None on tokens that close no window;
+``allowed`` is None while every compressed row is visible. The MTP block records ``mtp.<name>``.
 """
 
 from __future__ import annotations
@@ -178,10 +181,13 @@ class ReferenceModel:
         """Evaluate one token at ``st.pos``; returns the next-token logits (float32[n_vocab])."""
         return self._forward(st, int(token), True, trace)
 
-    def prefill(self, st: ReferenceState, tokens: Sequence[int], trace: dict | None = None) -> np.ndarray:
+    def prefill(self, st: ReferenceState, tokens: Sequence[int], trace: dict | None = None,
+                finish: bool = True) -> np.ndarray:
         """Evaluate ``tokens`` in order from ``st.pos``; returns the last token's logits.
 
-        Same per-token math as :meth:`decode`, then the after-prefill frontier reset.
+        Same per-token math as :meth:`decode`; then, unless ``finish`` is false, the after-prefill
+        frontier reset (numerically a no-op; it makes the state byte-equal to upstream's after a
+        prefill). :meth:`decode` never resets.
         """
         tokens = [int(t) for t in tokens]
         if not tokens:
@@ -190,7 +196,8 @@ class ReferenceModel:
             raise ContextOverflowError(f"{st.pos} + {len(tokens)} tokens exceed the context of {st.ctx}")
         for i, t in enumerate(tokens):
             logits = self._forward(st, t, i == len(tokens) - 1, trace)
-        st.finish_prefill()
+        if finish:
+            st.finish_prefill()
         return logits
 
     # ---- MTP ----

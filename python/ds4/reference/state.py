@@ -150,7 +150,7 @@ class LayerState:
 
     def payload_arrays(self) -> list[tuple[str, np.ndarray]]:
         """This layer's arrays in payload order (RUNTIME.md §6.1 step 5)."""
-        p = f"blk.{self.il}"
+        p = f"layer{self.il}"  # section names as ds4.payload.payload_sections gives them
         out = [(f"{p}.raw", self.raw_rows)]
         if self.ratio:
             out += [(f"{p}.comp", self.comp_rows), (f"{p}.attn_state_kv", self.attn.kv),
@@ -220,6 +220,8 @@ class ReferenceState:
         for ls in self.layers:
             out += ls.payload_arrays()
         return out
+
+    to_payload_arrays = payload_arrays  # the name the C++ comparison tests use
 
     def payload_header(self, prefill_cap: int | None = None) -> tuple[int, ...]:
         """The 13 u32 header fields (RUNTIME.md §6.1)."""

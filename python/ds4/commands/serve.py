@@ -1,0 +1,101 @@
+"""``ds4 serve -m MODEL [--host H] [--port N] [-c CTX] ...``: the OpenAI/Anthropic HTTP server.
+
+Flags follow upstream's ``ds4-server`` (RUNTIME.md §9.8); the disk KV cache flags are those of
+:func:`ds4.kvcache.add_arguments` (``--kv-cache-dir`` / ``--kv-disk-dir`` enables it). Without
+``-m`` the bundled tiny synthetic model is served (useful to try the API; its text is noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from ..errors import Ds4IOError, InvalidArgumentError
+
+__all__ = ["register", "run"]
+
+
+def _positive(name: str):
+    def conv(v: str) -> int:
+        try:
+            n = int(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} expects an integer, got {v!r}") from None
+        if n <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {n}")
+        return n
+    return conv
+
+
+def register(subparsers: Any) -> None:
+    from ..kvcache import add_arguments
+
+    p = subparsers.add_parser("serve", help="run the OpenAI/Anthropic compatible HTTP server",
+                              description="Serve a model over HTTP (OpenAI chat/completions, Anthropic "
+                                          "messages). One generation at a time; requests are queued.")
+    p.add_argument("-m", "--model", default=None, help="GGUF model (default: the bundled tiny synthetic model)")
+    p.add_argument("--mtp", default=None, metavar="FILE", help="MTP GGUF (separate file)")
+    p.add_argument("-c", "--ctx", type=_positive("--ctx"), default=32768, metavar="N",
+                   help="session context (default 32768)")
+    p.add_argument("-n", "--tokens", type=_positive("--tokens"), default=393216, metavar="N",
+                   help="default max output tokens per request (default 393216)")
+    p.add_argument("-t", "--threads", type=_positive("--threads"), default=None, metavar="N",
+                   help="CPU threads (default: physical cores)")
+    p.add_argument("--chdir", default=None, metavar="DIR", help="change directory before loading")
+    p.add_argument("--backend", dest="backend", default="cpu", metavar="NAME",
+                   help="compute backend (only 'cpu' in this build)")
+    p.add_argument("--cpu", dest="backend", action="store_const", const="cpu", help="CPU backend (default)")
+    p.add_argument("--metal", dest="backend", action="store_const", const="metal", help="Metal backend (not in this build)")
+    p.add_argument("--cuda", dest="backend", action="store_const", const="cuda", help="CUDA backend (not in this build)")
+    p.add_argument("--host", default="127.0.0.1", help="IPv4 address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    p.add_argument("--cors", action="store_true", help="send permissive CORS headers")
+    p.add_argument("--disable-exact-dsml-tool-replay", action="store_true",
+                   help="render prior tool calls canonically instead of replaying the sampled DSML")
+    p.add_argument("--tool-memory-max-ids", type=_positive("--tool-memory-max-ids"), default=100000, metavar="N")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="append a human-readable trace of every request (prompt, output, cache decision) to FILE")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..engine import Engine
+    from ..kvcache import from_args
+    from ..server import ServerConfig, serve
+    from ..testing import default_model_path
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(message)s", datefmt="%m%d %H:%M:%S")
+    if args.chdir:
+        try:
+            os.chdir(args.chdir)
+        except OSError as e:
+            raise Ds4IOError(f"--chdir {args.chdir}: {e.strerror}") from None
+    if not 0 <= args.port <= 65535:
+        raise InvalidArgumentError(f"--port {args.port}: expected 0..65535")
+    path = args.model if args.model is not None else default_model_path()
+    if not os.path.exists(path):
+        raise Ds4IOError(f"{path}: model file not found")
+    engine = Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
+    kv = from_args(args)
+    trace = None
+    if args.trace:
+        try:
+            trace = open(args.trace, "a", encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise Ds4IOError(f"--trace {args.trace}: {e.strerror}") from None
+    cfg = ServerConfig(host=args.host, port=args.port, ctx=args.ctx, default_tokens=args.tokens, cors=args.cors,
+                       tool_memory_max_ids=args.tool_memory_max_ids,
+                       exact_dsml_replay=not args.disable_exact_dsml_tool_replay, trace=trace)
+    try:
+        return serve(engine, cfg, kv)
+    except OSError as e:
+        raise Ds4IOError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    finally:
+        if trace is not None:
+            trace.close()
