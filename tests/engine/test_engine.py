@@ -74,6 +74,7 @@ def test_cancel_between_chunks_leaves_a_consistent_session(tiny_path) -> None:
     ref = eng.session(ctx=128)
     ref.sync(toks[:24])
     assert np.array_equal(s.logits, ref.logits)
+    assert s.save_payload() == ref.save_payload()      # the boundary state IS a prefill of it
     s.sync(toks)  # resumes from the boundary
     ref.sync(toks)
     assert np.array_equal(s.logits, ref.logits)

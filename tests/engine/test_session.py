@@ -60,6 +60,8 @@ def test_sync_reuses_prefix(tiny_engine) -> None:
     fresh = tiny_engine.session(ctx=256)
     fresh.sync(toks)
     assert np.array_equal(s.logits, fresh.logits) and s.tokens == toks
+    # sync's state does not depend on how the prompt was split (frontier reset included)
+    assert s.save_payload() == fresh.save_payload()
     # A prompt that diverges rebuilds and still equals a fresh session.
     other = toks[:30] + _tokens(20, 5)
     s.sync(other)
