@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -119,6 +120,17 @@ def test_cold_then_hit_matches_no_cache_and_evaluates_only_the_suffix(engine, tm
     assert hit.usage.cached_tokens == cold_len and hit.cache_source == "disk"
     assert s2.evaluated == P - cold_len
     assert s2.tokens[:P] == build_prompt(engine.tokenizer, PROMPT, ctx=CTX)
+
+
+def test_whole_prompt_restored_evaluates_nothing(engine, tmp_path):
+    ref = engine.generate(prompt=PROMPT, **GREEDY)
+    P = ref.usage.prompt_tokens
+    kw = dict(KNOBS, boundary_align=4096)  # trimmed and aligned below MIN: the cold store is the whole prompt
+    engine.generate(prompt=PROMPT, kv_cache=KVCache(tmp_path, **kw), **GREEDY)
+    s = CountingSession(engine.session(ctx=CTX))
+    hit = engine.generate(prompt=PROMPT, kv_cache=KVCache(tmp_path, **kw), session=s, **GREEDY)
+    assert hit.usage.cached_tokens == P and s.evaluated == 0  # the logits came with the payload
+    assert hit.tokens == ref.tokens
 
 
 def test_sampled_generation_is_the_same_with_a_cache(engine, tmp_path):
@@ -278,3 +290,79 @@ def test_cli_unusable_cache_dir_is_a_clear_error(model_path, tmp_path):
 def test_cli_reference_and_cache_are_rejected(model_path, tmp_path):
     r = cli("generate", "--reference", "-m", str(model_path), "-p", "hi", "--kv-cache-dir", str(tmp_path))
     assert r.returncode == 2 and "--reference" in r.stderr
+
+
+# ---- call-time errors and the tool-call rule ----------------------------------------------------
+
+def test_prompt_errors_are_raised_at_call_time(engine, tmp_path):
+    from ds4.errors import ContextOverflowError, InvalidArgumentError
+
+    with pytest.raises(ContextOverflowError):
+        engine.generate(prompt=PROMPT, kv_cache=cache(tmp_path), ctx=64)
+    with pytest.raises(InvalidArgumentError):
+        engine.generate(prompt="", raw=True, kv_cache=cache(tmp_path), ctx=64)
+    with pytest.raises(InvalidArgumentError):
+        engine.generate(tokens=[], kv_cache=cache(tmp_path), ctx=64)
+
+
+class ScriptedSession:
+    """A real session (so it can be stored) whose logits pick ``script`` after the prompt."""
+
+    def __init__(self, session, prompt_len: int, script: list[int]) -> None:
+        self._s, self._base, self._script = session, prompt_len, script
+        self._logits = np.full(session.engine.shape.n_vocab, -20.0, dtype=np.float32)
+
+    @property
+    def logits(self):
+        self._logits.fill(-20.0)
+        self._logits[self._script[self._s.pos - self._base]] = 20.0
+        return self._logits
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+
+def test_no_continued_store_inside_or_after_a_tool_block(engine, tmp_path):
+    tok = engine.tokenizer
+    ids = build_prompt(tok, PROMPT, think="none", ctx=CTX)
+    P = len(ids)
+    script = tok.encode_rendered("hello there friend " * 4 + "\n\n<｜DSML｜tool_calls>\n" + "x y " * 30)
+    marker_at = next(k for k in range(len(script))
+                     if "<｜DSML｜tool_calls>".encode() in tok.decode_bytes(script[: k + 1]))
+    n = len(script) - 1
+    every = 16
+    assert P + marker_at + 2 * every < P + n  # the script runs well past the block start
+    s = ScriptedSession(engine.session(ctx=CTX), P, script)
+    kv = cache(tmp_path, continued_interval=every, cold_max_tokens=0)
+    fin = generate(engine, prompt=PROMPT, think="none", session=s, kv_cache=kv, dsml=True, max_tokens=n,
+                   temperature=0.0, stream=False)
+    assert list(fin.tokens) == script[:n]
+    # checks run at the top of every decode step, at positions P .. P + n - 1; once the marker is
+    # out (after step marker_at) none may store
+    want = {m: "continued" for m in range(every, P + marker_at + 1, every) if m >= MIN}
+    assert files(tmp_path) == want
+    # without the tool rule the same run stores past the marker too
+    kv2 = cache(tmp_path / "plain", continued_interval=every, cold_max_tokens=0)
+    s2 = ScriptedSession(engine.session(ctx=CTX), P, script)
+    generate(engine, prompt=PROMPT, think="none", session=s2, kv_cache=kv2, dsml=False, max_tokens=n,
+             temperature=0.0, stream=False)
+    assert max(files(tmp_path / "plain")) > P + marker_at
+
+
+def test_chat_repl_stores_evict_before_ctx_change_and_shutdown_on_quit(engine, model_path, tmp_path):
+    import io
+
+    from ds4.cli import build_parser
+    from ds4.commands.chat import ChatRepl
+    from ds4.kvcache import from_args
+
+    args = build_parser().parse_args(["chat", "-m", str(model_path), "-c", str(CTX), "-n", "8", "--temp", "0",
+                                      *kv_flags(tmp_path, every=0), "--kv-cache-cold-max-tokens", "0"])
+    out, err = io.StringIO(), io.StringIO()
+    repl = ChatRepl(engine, args, out, err, kv_cache=from_args(args))
+    # /ctx with the same size still drops the session; the next turn gets it back from the evict file
+    repl.loop(io.StringIO(PROMPT + "\n/ctx " + str(CTX) + "\nhi again\n/quit\n"))
+    first_turn = len(encode_chat_prompt(engine.tokenizer, PROMPT)) + 8 - 1
+    assert files(tmp_path) == {first_turn: "evict", repl.session.pos: "shutdown"}
+    assert re.search(rf"kv cache: {first_turn} of \d+ prompt tokens restored from disk", err.getvalue())
+    assert f"kv cache: saved {repl.session.pos} tokens" in err.getvalue()

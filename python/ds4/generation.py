@@ -32,7 +32,9 @@ during prefill and before decode steps. The ``shutdown`` store is the caller's
 (``kv_cache.shutdown(session, engine)`` on a clean exit; pass ``session=`` to keep the session).
 Prompts given as ``tokens=`` are looked up in token mode (only files whose token history is a
 prefix of them; the tokens are kept exactly). On a miss the prompt's own tokenization is used, so a
-run without any hit evaluates exactly what it evaluates without a cache.
+run without any hit evaluates exactly what it evaluates without a cache. On a hit the text after
+the cached prefix is tokenized on its own, as upstream does: when the prefix ends inside a word
+that BPE would have merged across, the tokens (and so the output) can differ from a cold run.
 
 Example::
 
@@ -72,6 +74,7 @@ from .sampling import (
     DEFAULT_TOP_P,
     Rng,
     TokenLogprob,
+    argmax,
     sample,
     time_seed,
     token_logprob,
@@ -221,44 +224,53 @@ def prompt_text(
 
 
 class _StopMatcher:
-    """Holds back text that may begin a stop string; finds the earliest complete match."""
+    """Holds back text that may begin a stop string; finds the earliest complete match.
+
+    Only the held-back text is kept (shorter than the longest stop string): a stop string can only
+    begin inside it, because released text was never a prefix of any stop string. So each push
+    costs O(len(delta) + longest stop), whatever the length of the generation.
+    """
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self.max_len = max((len(s) for s in self.stops), default=0)
-        self.text = ""
-        self.released = 0
+        self.held = ""  # pushed but not yet released
+        self.length = 0  # characters pushed since the last reset
+
+    @property
+    def released(self) -> int:
+        """Characters released since the last reset (the stop's position after a match)."""
+        return self.length - len(self.held)
 
     def reset(self) -> str:
         """Release everything held (channel switch) and start a new text."""
-        out = self.text[self.released:]
-        self.text, self.released = "", 0
+        out = self.held
+        self.held, self.length = "", 0
         return out
 
     def push(self, delta: str) -> tuple[str, str | None]:
         """Append ``delta``; return (text safe to release now, matched stop string or None)."""
-        start = max(0, len(self.text) - self.max_len + 1)
-        self.text += delta
+        self.length += len(delta)
         if not self.stops:
-            out = self.text[self.released:]
-            self.released = len(self.text)
-            return out, None
-        hits = [(i, s) for s in self.stops if (i := self.text.find(s, start)) >= 0]
-        if hits:
-            pos, stop = min(hits, key=lambda h: h[0])  # earliest hit wins
-            out = self.text[self.released:pos]
-            self.released = pos
-            return out, stop
+            return delta, None
+        text = self.held + delta
+        best, stop = -1, None
+        for s in self.stops:
+            i = text.find(s)
+            if i >= 0 and (best < 0 or i < best):  # earliest hit wins; ties: the first listed
+                best, stop = i, s
+        if stop is not None:
+            self.held = text[best:]
+            return text[:best], stop
         hold = 0
-        for k in range(min(len(self.text) - self.released, self.max_len - 1), 0, -1):
-            tail = self.text[-k:]
+        for k in range(min(len(text), self.max_len - 1), 0, -1):
+            tail = text[-k:]
             if any(s.startswith(tail) for s in self.stops):
                 hold = k
                 break
-        end = len(self.text) - hold
-        out = self.text[self.released:end]
-        self.released = end
-        return out, None
+        end = len(text) - hold
+        self.held = text[end:]
+        return text[:end], None
 
 
 def _sync(session, tokens: list[int], progress: ProgressFn | None) -> None:
@@ -389,17 +401,37 @@ _BLOCK_MARKERS = (("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"), ("<DSML
                   ("<tool_calls>", "</tool_calls>"))
 
 
-def _tool_block_closed(text: str, start: int) -> bool:
-    """A tool-call start marker (any syntax) followed by its end marker in ``text[start:]``."""
-    for open_tag, close_tag in _BLOCK_MARKERS:
-        k = text.find(open_tag, start)
-        if k >= 0 and text.find(close_tag, k + len(open_tag)) >= 0:
-            return True
-    return False
+class _ToolBlockWatch:
+    """Whether a tool-call start marker (any syntax) followed by its end marker occurs in
+    ``text[start:]``, for a text that only grows: each call scans only the new characters (plus a
+    marker's length of overlap), never the whole text again."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.scanned = start  # text length at the previous call
+        self.opened = [-1] * len(_BLOCK_MARKERS)  # where each syntax's first start marker ends
+
+    def closed(self, text: str) -> bool:
+        prev, self.scanned = self.scanned, len(text)
+        for i, (open_tag, close_tag) in enumerate(_BLOCK_MARKERS):
+            at = self.opened[i]
+            if at < 0:
+                k = text.find(open_tag, max(self.start, prev - len(open_tag) + 1))
+                if k < 0:
+                    continue
+                at = self.opened[i] = k + len(open_tag)
+                if text.find(close_tag, at) >= 0:
+                    return True
+            elif text.find(close_tag, max(at, prev - len(close_tag) + 1)) >= 0:
+                return True
+        return False
 
 
 def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
          logprobs, progress, dsml, kv_cache=None, plan=None, prepare_seconds=0.0) -> Iterator[GenerationEvent]:
+    # Per-token work here is O(1) in the length of the generation: ``raw`` grows in place (a plain
+    # local that nothing else references), stop strings and tool blocks are matched on the new
+    # text only, the position is counted locally and the logits array is never copied.
     tok = engine.tokenizer
     t0 = time.perf_counter() - prepare_seconds  # a disk load counts as prompt time
     if kv_cache is None:
@@ -418,34 +450,25 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     thinking = tok.special.think_start is not None and prompt_tokens[-1] == tok.special.think_start
     channel = "reasoning" if thinking else "content"
     tracker = DsmlTracker() if dsml else None
+    blocks: _ToolBlockWatch | None = None  # watches post-think text for a complete tool block
+    if tracker is not None and not thinking:
+        blocks = _ToolBlockWatch(0)
     raw = ""  # decoded text as generated, </think> included
-    content_start = 0 if not thinking else None  # where post-think text starts in ``raw``
     rng = Rng(seed if seed is not None else time_seed())
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decode = decoder.decode
+    token_bytes = tok.token_to_bytes
     matcher = _StopMatcher(stops)
+    push = matcher.push
     texts = {"reasoning": [], "content": []}
     out_tokens: list[int] = []
     finish, matched = None, None
     raw_len_at_stop: int | None = None
     budget = max_tokens if max_tokens is not None else session.ctx
-
-    def finish_event() -> FinishEvent:
-        return FinishEvent(
-            finish_reason=finish,
-            reasoning="".join(texts["reasoning"]),
-            content="".join(texts["content"]),
-            tokens=tuple(out_tokens),
-            usage=Usage(len(prompt_tokens), len(out_tokens), cached),
-            prompt_seconds=t1 - t0,
-            decode_seconds=time.perf_counter() - t1,
-            stop=matched,
-            raw_text=raw_text(),
-            thinking=thinking,
-            cache_source=cache_source,
-        )
-
-    def raw_text() -> str:
-        return raw[:raw_len_at_stop] if raw_len_at_stop is not None else raw  # cut at a stop string
+    ctx = session.ctx
+    pos = session.pos
+    plain_greedy = not temperature > 0  # as sample(): NaN and <= 0 are greedy
+    continued = kv_cache.continued_target if kv_cache is not None else None
 
     while True:
         if len(out_tokens) >= budget:
@@ -453,12 +476,13 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
             break
         # A continued checkpoint before each decode step, never inside or after a tool block
         # (partial DSML must not become a saved frontier).
-        if (kv_cache is not None and kv_cache.continued_target(session.pos)
-                and (tracker is None or tracker.mode == "search")):
+        if continued is not None and continued(pos) and (tracker is None or tracker.mode == "search"):
             kv_cache.maybe_store_continued(session, engine)
         logits = session.logits
-        greedy = tracker is not None and tracker.greedy
-        token = sample(logits, 0.0 if greedy else temperature, top_k, top_p, min_p, rng)
+        if plain_greedy or (tracker is not None and tracker.greedy):
+            token = argmax(logits)
+        else:
+            token = sample(logits, temperature, top_k, top_p, min_p, rng)
         if token == eos:
             finish = "eos"
             break
@@ -468,20 +492,21 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
             tops = tuple(top_logprobs(logits, logprobs)) if logprobs > 0 else ()
         out_tokens.append(token)
         if channel == "reasoning" and token == think_end:
-            flushed = decoder.decode(b"", final=True)
+            flushed = decode(b"", final=True)
             decoder.reset()
             raw += flushed + THINK_END
-            content_start = len(raw)
+            if tracker is not None:
+                blocks = _ToolBlockWatch(len(raw))
             released = matcher.reset() + flushed
             texts["reasoning"].append(released)
             yield TokenEvent(token, released, "reasoning", lp, tops)
             channel = "content"
         else:
-            delta = decoder.decode(tok.token_to_bytes(token))
-            held_before = len(matcher.text)
-            released, matched = matcher.push(delta)
-            if matched is not None:  # matcher.text is the tail of ``raw`` since the channel began
-                raw_len_at_stop = len(raw) - held_before + matcher.released
+            delta = decode(token_bytes(token))
+            channel_start = len(raw) - matcher.length  # ``raw`` index where the channel's text began
+            released, matched = push(delta)
+            if matched is not None:
+                raw_len_at_stop = channel_start + matcher.released
             raw += delta
             texts[channel].append(released)
             yield TokenEvent(token, released, channel, lp, tops)
@@ -490,13 +515,13 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
                 break
         if tracker is not None:
             tracker.update(raw)
-            if content_start is not None and _tool_block_closed(raw, content_start):
+            if blocks is not None and blocks.closed(raw):
                 finish = "tool_calls"
                 break
         if len(out_tokens) >= budget:
             finish = "length"
             break
-        if session.pos >= session.ctx:
+        if pos >= ctx:
             finish = "context"
             break
         try:
@@ -504,17 +529,30 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
         except ContextOverflowError:
             finish = "context"
             break
+        pos += 1
 
     if finish != "stop":
-        final = decoder.decode(b"", final=True)  # an incomplete UTF-8 tail becomes U+FFFD
-        held_before = len(matcher.text)
-        tail, late = matcher.push(final)
+        final = decode(b"", final=True)  # an incomplete UTF-8 tail becomes U+FFFD
+        channel_start = len(raw) - matcher.length
+        tail, late = push(final)
         if late is None:
             tail += matcher.reset()  # a stop string that never completed is ordinary text
         else:
-            raw_len_at_stop = len(raw) - held_before + matcher.released
+            raw_len_at_stop = channel_start + matcher.released
         raw += final
         if tail:
             texts[channel].append(tail)
             yield TokenEvent(None, tail, channel)
-    yield finish_event()
+    yield FinishEvent(
+        finish_reason=finish,
+        reasoning="".join(texts["reasoning"]),
+        content="".join(texts["content"]),
+        tokens=tuple(out_tokens),
+        usage=Usage(len(prompt_tokens), len(out_tokens), cached),
+        prompt_seconds=t1 - t0,
+        decode_seconds=time.perf_counter() - t1,
+        stop=matched,
+        raw_text=raw[:raw_len_at_stop] if raw_len_at_stop is not None else raw,  # cut at a stop string
+        thinking=thinking,
+        cache_source=cache_source,
+    )
