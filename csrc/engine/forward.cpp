@@ -68,8 +68,9 @@ void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scr
     if (ratio == 4) {
         linear(L.indexer.comp.kv, sc.a.data(), nb, sc.ickv.data(), sc.act, pool);
         linear(L.indexer.comp.gate, sc.a.data(), nb, sc.icsc.data(), sc.act, pool);
-        // Row counts follow from positions alone: after token p there are (p+1)/4 rows.
-        need_indexer = indexer_needed(s, (pos0 + nb) / 4);
+        // Upper bound of the rows any token of this batch can see (one new row per 4 tokens at
+        // most), from the live count so a loaded state with unusual counts is covered too.
+        need_indexer = indexer_needed(s, kv.layers[il].n_index_comp + (nb + 3) / 4);
         if (need_indexer) {
             linear(L.indexer.q_b, sc.qrn.data(), nb, sc.iq.data(), sc.act, pool);
             linear(L.indexer.proj, sc.a.data(), nb, sc.iw.data(), sc.act, pool);
