@@ -222,3 +222,15 @@ def test_payload_from_smaller_ctx_loads_when_layout_matches(tiny_engine) -> None
     assert np.array_equal(small.logits, big.logits)
     with pytest.raises(CacheFormatError):          # and not into a smaller context
         tiny_engine.session(ctx=2047).load_payload(big.save_payload())
+
+
+def test_sampling_helpers_use_the_live_logits(tiny_engine) -> None:
+    from ds4 import sampling
+    s = tiny_engine.session(ctx=32)
+    s.sync([3, 4, 5])
+    assert s.sample(temperature=0) == s.argmax()
+    a, b = sampling.Rng(7), sampling.Rng(7)
+    assert s.sample(temperature=0.8, rng=a) == sampling.sample(s.logits, temperature=0.8, rng=b)
+    top = s.top_logprobs(3)
+    assert [t.id for t in top] == [t.id for t in sampling.top_logprobs(s.logits, 3)]
+    assert top[0].id == s.argmax()
