@@ -21,17 +21,24 @@ void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* 
     const float scale = 1.0f / std::sqrt((float)(hd * nh));
     for (int64_t h = 0; h < nh; ++h) w[h] *= scale;
 
-    const DotF32 dot = simd_path() == SimdPath::Scalar ? dot_f32 : dot_f32_lanes;
+    const bool lanes = simd_path() != SimdPath::Scalar;
     auto score_rows = [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-            const float* kv = rows + c * hd;
-            float acc = 0.0f;
-            for (int64_t h = 0; h < nh; ++h) {
-                float d = dot(kv, q + h * hd, hd);
-                if (d < 0.0f) d = 0.0f;
-                acc += d * w[h];
+        auto run = [&](auto dot) {
+            for (int64_t c = c0; c < c1; ++c) {
+                const float* kv = rows + c * hd;
+                float acc = 0.0f;
+                for (int64_t h = 0; h < nh; ++h) {
+                    float d = dot(kv, q + h * hd, hd);
+                    if (d < 0.0f) d = 0.0f;
+                    acc += d * w[h];
+                }
+                scores[c] = acc;
             }
-            scores[c] = acc;
+        };
+        if (lanes) {
+            run([](const float* a, const float* b, int64_t n) { return dot_f32_lanes(a, b, n); });
+        } else {
+            run([](const float* a, const float* b, int64_t n) { return dot_f32(a, b, n); });
         }
     };
     if (pool) pool->parallel_for(n_comp, std::ref(score_rows), 64); else score_rows(0, n_comp);
