@@ -7,7 +7,9 @@
 Two logit shapes: ``peaked`` (a few dozen strong candidates over a N(0, 2) floor, like a language
 model's next-token logits) and ``flat`` (N(0, 3): many tokens survive min-p, the worst case for
 the walks). Each figure is one ``sample()`` call including parameter handling and the RNG draw.
-Target: the default settings (temperature 1, top_p 1, min_p 0.05) well under 1 ms.
+Target: every setting well under 1 ms on one core. The costliest are the settings whose result
+depends on every token's weight (min_p 0, or top_p < 1 with min_p 0): an exp of the whole
+vocabulary in double and an exact sequential float32 sum (numpy's cumsum, ~0.28 ms here).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ N_VOCAB = 129280
 CASES = [
     ("greedy (temp 0)", dict(temperature=0.0)),
     ("default (T1, top_p 1, min_p .05)", dict()),
+    ("T .7 (top_p 1, min_p .05)", dict(temperature=0.7)),
     ("min_p 0", dict(min_p=0.0)),
     ("top_p .9", dict(top_p=0.9)),
     ("top_p .9, min_p 0", dict(top_p=0.9, min_p=0.0)),

@@ -52,7 +52,8 @@ def test_cli_generate(capsys, engine):
     assert rc == 0
     out, err = capsys.readouterr()
     fin = generate(engine, prompt="Hello", max_tokens=3, temperature=0, ctx=128, think="none", stream=False)
-    assert out == fin.content + "\n"  # not a TTY: no colour codes
+    assert fin.content and not fin.content.endswith("\n")  # the case this test pins
+    assert out == fin.content + "\n"  # not a TTY: no colour codes; the line is closed
     assert "ds4: prefill:" in err and "generation:" in err
     assert f"finish: {fin.finish_reason}" in err
 
@@ -164,6 +165,36 @@ def test_progress_bar_and_printer():
     pr.write("answer", "content")
     pr.end()
     assert out.getvalue() == "\x1b[2mthink\x1b[0manswer\n"
+    pr.end()  # a second end adds nothing
+    assert out.getvalue() == "\x1b[2mthink\x1b[0manswer\n"
+
+
+def test_printer_closes_the_line_once_like_upstream():
+    from ds4.commands.generate import StreamPrinter
+
+    for pieces, expected in [([], ""), (["a"], "a\n"), (["a\n"], "a\n"), (["a\n", "b"], "a\nb\n"),
+                             (["x", ""], "x\n")]:
+        out = io.StringIO()
+        pr = StreamPrinter(out)
+        for p in pieces:
+            pr.write(p, "content")
+        pr.end()
+        assert out.getvalue() == expected, pieces
+
+
+def test_cli_generate_error_mid_stream_starts_stderr_on_a_new_line(capsys, monkeypatch):
+    import ds4.generation as G
+    from ds4.errors import ContextOverflowError
+
+    def failing(*args, **kwargs):
+        yield G.TokenEvent(token=1, text="partial", channel="content")
+        raise ContextOverflowError("context full")
+
+    monkeypatch.setattr(G, "generate", failing)
+    rc = main(["generate", "--reference", "-p", "Hello", "-n", "3", "--temp", "0", "--ctx", "128", "--nothink"])
+    out, err = capsys.readouterr()
+    assert rc != 0 and "context full" in err
+    assert out == "partial\n"
 
 
 def test_cli_dump_tokens(capsys, engine):

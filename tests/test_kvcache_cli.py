@@ -81,3 +81,18 @@ def test_add_arguments_and_from_args(tmp_path):
     assert (c.max_bytes, c.min_tokens, c.cold_max_tokens, c.reject_different_quant) == (64 * MiB, 100, 30000, True)
     c2 = from_args(p.parse_args(["--kv-disk-dir", str(tmp_path / "kv2"), "--kv-disk-space-mb", "0"]))
     assert c2.max_bytes == 4096 * MiB    # upstream: 0 -> default budget
+
+
+def test_every_kv_cache_flag_has_help_naming_its_default():
+    import argparse
+
+    from ds4.kvcache import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    flags = [a for a in p._actions if any(o.startswith("--kv-") for o in a.option_strings)]
+    assert len(flags) == 8
+    for a in flags:
+        assert a.help, a.option_strings
+        if a.default not in (None, False):  # valued knobs state their default
+            assert f"default {a.default}" in a.help, a.option_strings

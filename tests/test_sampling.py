@@ -317,3 +317,195 @@ def test_top_logprobs(values, k):
 def test_token_logprob_bad_id():
     with pytest.raises(InvalidArgumentError):
         token_logprob(np.zeros(3, np.float32), 3)
+
+
+# ---- fast paths against a plain whole-vocabulary implementation ---------------------------------
+#
+# sample() avoids whole-vocabulary exp/sum/sort work where it can (logit floors, proven intervals
+# around the total, predicted top-p prefixes). `plain_sample` does every step of §3 over the
+# whole vocabulary with numpy: exp of every finite logit, np.cumsum for every sequential float32
+# sum (numpy's accumulate adds in order), a stable argsort for every ordering. It is checked
+# against the scalar loops above on small vocabularies, then used as the reference at sizes where
+# the scalar loops would be too slow.
+
+
+def _plain_expf(x):
+    return np.exp(np.asarray(x, dtype=np.float64)).astype(np.float32)
+
+
+def _plain_seq(w):
+    return np.cumsum(np.asarray(w, dtype=np.float32), dtype=np.float32)
+
+
+def _plain_walk(w, total, rng):
+    r = F(rng.uniform() * total)
+    run = _plain_seq(np.concatenate([[r], -np.asarray(w, dtype=np.float32)]))[1:]
+    hit = np.flatnonzero(run <= 0)
+    return int(hit[0]) if hit.size else None
+
+
+def plain_sample(logits, temperature, top_k, top_p, min_p, rng):
+    lg = np.asarray(logits, dtype=np.float32)
+    t, top_p, min_p = F(temperature), F(top_p), F(min_p)
+
+    def amax():
+        clean = np.where(np.isnan(lg), -np.inf, lg)
+        i = int(np.argmax(clean))
+        return i if clean[i] > F(-1e30) else 0
+
+    if not t > 0:
+        return amax()
+    if not (top_p > 0 and top_p <= 1):
+        top_p = F(1)
+    if min_p < 0:
+        min_p = F(0)
+    fin = np.flatnonzero(np.isfinite(lg))
+    if fin.size == 0:
+        return amax()
+    order = fin[np.argsort(-lg[fin], kind="stable")]  # logit desc, index asc
+    if top_k <= 0:
+        m = lg[order[0]]
+        best = int(order[0])
+        p = _plain_expf((lg[fin] - m) / t)
+        if top_p >= 1:
+            keep = ~(p < min_p)
+            idx, w = fin[keep], p[keep]
+            s = _plain_seq(w)[-1] if w.size else F(0)
+            if not (s > 0 and np.isfinite(s)):
+                return best
+            hit = _plain_walk(w, s, rng)
+            return best if hit is None else int(idx[hit])
+        s = _plain_seq(p)[-1]
+        if not (s > 0 and np.isfinite(s)):
+            return best
+        cand = order
+        w = _plain_expf((lg[cand] - m) / t)
+        fallback = best
+    else:
+        cand = order[: min(top_k, 1024, lg.size)]
+        w = _plain_expf((lg[cand] - lg[cand[0]]) / t)
+        s = _plain_seq(w)[-1]
+        fallback = int(cand[0])
+        if not (s > 0 and np.isfinite(s)):
+            return fallback
+    min_prob = F(F(w[0] / s) * min_p)
+    run = _plain_seq(w)
+    n = w.size
+    below = np.flatnonzero((w[1:] / s).astype(np.float32) < min_prob)
+    if below.size:
+        n = min(n, int(below[0]) + 1)
+    reached = np.flatnonzero((run / s).astype(np.float32) >= top_p)
+    if reached.size:
+        n = min(n, int(reached[0]) + 1)
+    kept_w = w[:n]
+    hit = _plain_walk(kept_w, _plain_seq(kept_w)[-1], rng)
+    return int(cand[hit]) if hit is not None else int(cand[n - 1])
+
+
+@given(st.lists(_logit, min_size=1, max_size=7), _params, st.integers(0, 2**64 - 1))
+def test_plain_reference_equals_scalar_reference(logits, params, seed):
+    t, k, p, mp = params
+    a, b = Rng(seed), Rng(seed)
+    assert plain_sample(logits, t, k, p, mp, a) == ref_sample(logits, t, k, p, mp, b)
+    assert a.state == b.state
+
+
+def _vocab_logits(seed, n, kind):
+    g = np.random.default_rng(seed)
+    if kind == "flat":
+        x = g.normal(0, 3, n)
+    elif kind == "peaked":  # a few dozen strong candidates over a floor, like a language model
+        x = g.normal(0, 2, n)
+        strong = g.choice(n, min(40, n), replace=False)
+        x[strong] += g.uniform(6, 14, strong.size)
+    elif kind == "ties":  # few distinct values: long runs of equal logits and weights
+        x = np.round(g.normal(0, 2, n) * 2) / 2
+    elif kind == "heavy":
+        x = g.standard_cauchy(n)
+    else:  # non-finite entries: -inf, NaN and sometimes +inf among normal logits
+        x = g.normal(0, 3, n)
+        u = g.random(n)
+        x[u < 0.02] = -np.inf
+        x[(u >= 0.02) & (u < 0.03)] = np.nan
+        if seed % 2:
+            x[g.integers(0, n)] = np.inf
+    return x.astype(np.float32)
+
+
+_big_params = st.tuples(
+    st.sampled_from([0.25, 0.7, 1.0, 1.5, 3.0]),  # temperature
+    st.sampled_from([0, 0, 0, 1, 40, 1024]),  # top_k
+    st.sampled_from([1.0, 0.99, 0.95, 0.9, 0.5, 0.1]),  # top_p
+    st.sampled_from([0.05, 0.0, 0.2, 1e-4, 1e-30]),  # min_p
+)
+
+
+@given(st.integers(0, 2**32), st.sampled_from([129280, 20000, 3001]),
+       st.sampled_from(["flat", "peaked", "ties", "heavy", "nonfinite"]), _big_params)
+def test_sample_equals_plain_reference_full_vocab(seed, n, kind, params):
+    t, k, p, mp = params
+    logits = _vocab_logits(seed, n, kind)
+    for draw in range(3):  # a few draws per logit vector: different walk positions
+        a, b = Rng(seed + draw), Rng(seed + draw)
+        assert sample(logits, t, k, p, mp, a) == plain_sample(logits, t, k, p, mp, b)
+        assert a.state == b.state
+
+
+@given(st.integers(0, 2**32), st.sampled_from([0.9, 0.5, 1.0]), st.integers(1, 6))
+def test_min_p_at_a_weight_boundary(seed, top_p, which):
+    # min_p equal to (or one ulp around) a token's weight: the interval shortcut must step aside
+    # and the exact total decide.
+    logits = _vocab_logits(seed, 5000, "peaked")
+    order = np.argsort(-logits, kind="stable")
+    w = _plain_expf(logits[order[which]] - logits[order[0]])
+    for mp in (w, np.nextafter(w, F(0)), np.nextafter(w, F(1))):
+        a, b = Rng(seed), Rng(seed)
+        assert sample(logits, 1.0, 0, top_p, float(mp), a) == plain_sample(logits, 1.0, 0, top_p, float(mp), b)
+
+
+# ---- the fast paths' building blocks -------------------------------------------------------------
+
+
+@given(st.integers(0, 2**32), st.sampled_from([1, 7, 1000, 129280]), st.sampled_from([1.0, 3.0, 20.0]))
+def test_total_bounds_bracket_the_sequential_sum(seed, n, spread):
+    import ds4.sampling as S
+
+    g = np.random.default_rng(seed)
+    x = -np.abs(g.normal(0, spread, n))
+    x[g.integers(0, n)] = 0.0
+    wide = np.exp(x)
+    w = wide.astype(np.float32)
+    lo, hi = S._total_bounds(w, wide)
+    exact = _plain_seq(w)[-1]
+    assert lo <= exact <= hi
+
+
+@given(st.lists(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5, 1e-30, -3e38, 3e38]) | st.floats(-5, 5, width=32),
+                min_size=1, max_size=300))
+def test_order_desc_is_a_stable_descending_argsort(values):
+    import ds4.sampling as S
+
+    v = np.array(values * (64 // len(values) + 1), dtype=np.float32)  # >= 64: the uint64-key sort
+    assert S._order_desc(v).tolist() == np.argsort(-v, kind="stable").tolist()
+
+
+@given(st.integers(0, 2**32), st.integers(1, 3000), st.integers(1, 1100))
+def test_rank_floor_keeps_the_top_k(seed, n, k):
+    import ds4.sampling as S
+
+    v = np.round(np.random.default_rng(seed).normal(0, 3, n), 1).astype(np.float32)  # with ties
+    k = min(k, n)
+    f = S._rank_floor(v, k)
+    assert f <= np.sort(v)[::-1][k - 1]  # at or below the k-th largest: the top k are all >= f
+
+
+@given(st.integers(0, 2**32), st.sampled_from([0.05, 0.5, 1.0, 1e-6, 1e-30, 3.0]),
+       st.sampled_from([1e-3, 0.3, 1.0, 7.0, 1e4]))
+def test_logit_floor_is_a_superset(seed, min_p, temperature):
+    import ds4.sampling as S
+
+    g = np.random.default_rng(seed)
+    a = (g.normal(0, 5, 4000) * g.choice([1e-3, 1.0, 30.0])).astype(np.float32)
+    m, t, mp = a.max(), F(temperature), F(min_p)
+    kept = _plain_expf(((a - m) / t).astype(np.float32)) >= mp
+    assert np.all(a[kept] >= S._logit_floor(m, t, mp))

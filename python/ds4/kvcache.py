@@ -1004,12 +1004,23 @@ def add_arguments(parser: Any) -> None:
                    help="reuse prompt prefixes across runs through .kv files in DIR (off by default)")
     g.add_argument("--kv-cache-mb", "--kv-disk-space-mb", dest="kv_cache_mb", type=int, default=4096,
                    metavar="N", help="disk budget in MiB (default 4096)")
-    g.add_argument("--kv-cache-min-tokens", type=int, default=512, metavar="N")
-    g.add_argument("--kv-cache-cold-max-tokens", type=int, default=30000, metavar="N")
-    g.add_argument("--kv-cache-continued-interval-tokens", type=int, default=10000, metavar="N")
-    g.add_argument("--kv-cache-boundary-trim-tokens", type=int, default=32, metavar="N")
-    g.add_argument("--kv-cache-boundary-align-tokens", type=int, default=2048, metavar="N")
-    g.add_argument("--kv-cache-reject-different-quant", action="store_true")
+    g.add_argument("--kv-cache-min-tokens", type=int, default=512, metavar="N",
+                   help="store and restore only prefixes of at least N tokens (default 512)")
+    g.add_argument("--kv-cache-cold-max-tokens", type=int, default=30000, metavar="N",
+                   help="store a prompt that had no cache hit only if it has at most N tokens; restoring a "
+                        "longer file deletes it; 0 disables these cold stores (default 30000)")
+    g.add_argument("--kv-cache-continued-interval-tokens", type=int, default=10000, metavar="N",
+                   help="store the live state again each time it grows by N tokens (rounded up to the "
+                        "alignment); 0 disables (default 10000)")
+    g.add_argument("--kv-cache-boundary-trim-tokens", type=int, default=32, metavar="N",
+                   help="a cold store without a chat anchor leaves out the last N prompt tokens (BPE "
+                        "may merge across the end) (default 32)")
+    g.add_argument("--kv-cache-boundary-align-tokens", type=int, default=2048, metavar="N",
+                   help="round such a cold store down to a multiple of N tokens (the prefill chunk); 0 "
+                        "disables (default 2048)")
+    g.add_argument("--kv-cache-reject-different-quant", action="store_true",
+                   help="do not restore files written by a model with other expert quantization bits "
+                        "(by default 2-bit and 4-bit files are interchangeable)")
 
 
 def from_args(args: Any) -> KVCache | None:

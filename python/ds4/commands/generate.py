@@ -208,12 +208,17 @@ class ProgressBar:
 
 
 class StreamPrinter:
-    """Prints token events; reasoning dimmed on a terminal."""
+    """Prints token events; reasoning dimmed on a terminal.
+
+    ``end()`` closes the output like upstream's CLI: colour reset, then a newline unless the text
+    already ended with one (or nothing was printed), so the stderr speed line starts its own line.
+    """
 
     def __init__(self, stream=None) -> None:
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty()
         self._dim = False
+        self._line_start = True
 
     def write(self, text: str, channel: str) -> None:
         if not text:
@@ -224,12 +229,15 @@ class StreamPrinter:
             self._dim = want_dim
         self.stream.write(text)
         self.stream.flush()
+        self._line_start = text.endswith("\n")
 
     def end(self) -> None:
         if self._dim:
             self.stream.write(_RESET)
             self._dim = False
-        self.stream.write("\n")
+        if not self._line_start:
+            self.stream.write("\n")
+            self._line_start = True
         self.stream.flush()
 
 
@@ -294,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         bar.close()
-    out.end()
+        out.end()  # also before an error message: stderr starts on a fresh line
     if fin is not None:
         report_cache(fin)
         report_speed(fin)
