@@ -158,3 +158,12 @@ def test_argument_validation(tiny_path, tiny_engine) -> None:
         tiny_engine.session(ctx=1)
     with pytest.raises(InvalidArgumentError):
         tiny_engine.session(ctx=8).argmax()     # nothing evaluated yet
+
+
+def test_long_context_session_commits_memory_lazily(tiny_engine) -> None:
+    # Compressed-row caches are zero pages until written: a 1M-token session costs address space.
+    before = _rss_bytes()
+    s = tiny_engine.session(ctx=1 << 20)
+    s.sync([1, 2, 3, 4, 5])
+    assert s.kv_bytes > 200_000_000
+    assert _rss_bytes() - before < s.kv_bytes // 4, (_rss_bytes() - before, s.kv_bytes)
