@@ -1,10 +1,12 @@
 // ds4._core.Model: a loaded model (mapped weights + thread pool), built from the shape dict and
 // tensor table that ds4.inspect produced. The Python ds4.Engine wraps it.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "common/errors.h"
 #include "engine/model.h"
+#include "layers/indexer.h"
 
 namespace py = pybind11;
 
@@ -98,4 +100,13 @@ void init_engine(py::module_& m) {
         .def_property_readonly("file_bytes", &ds4::Model::file_bytes)
         .def_property_readonly("decode_weight_bytes", &ds4::Model::decode_weight_bytes)
         .def("chunk_for", &ds4::Model::chunk_for);
+
+    // Internal, for tests: the indexer's top-k selection over a score vector.
+    m.def("_select_top_k", [](py::array_t<float, py::array::c_style | py::array::forcecast> scores, int64_t k) {
+        const int64_t n = scores.size();
+        std::vector<int32_t> order((size_t)n + 1);
+        py::array_t<uint8_t> out(n);
+        ds4::select_top_k(scores.data(), n, k, order.data(), out.mutable_data());
+        return out;
+    });
 }

@@ -68,8 +68,9 @@ void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scr
     if (ratio == 4) {
         linear(L.indexer.comp.kv, sc.a.data(), nb, sc.ickv.data(), sc.act, pool);
         linear(L.indexer.comp.gate, sc.a.data(), nb, sc.icsc.data(), sc.act, pool);
-        // Row counts follow from positions alone: after token p there are (p+1)/4 rows.
-        need_indexer = indexer_needed(s, (pos0 + nb) / 4);
+        // Upper bound of the rows any token of this batch can see (one new row per 4 tokens at
+        // most), from the live count so a loaded state with unusual counts is covered too.
+        need_indexer = indexer_needed(s, kv.layers[il].n_index_comp + (nb + 3) / 4);
         if (need_indexer) {
             linear(L.indexer.q_b, sc.qrn.data(), nb, sc.iq.data(), sc.act, pool);
             linear(L.indexer.proj, sc.a.data(), nb, sc.iw.data(), sc.act, pool);
@@ -102,7 +103,7 @@ void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scr
             if (indexer_needed(s, C.n_index_comp)) {
                 if (!need_indexer) fail(ErrorKind::InvalidArgument, "internal: indexer inputs were not prepared");
                 indexer_select(s, rope, pos, &sc.iq[b * s.index_q_dim()], &sc.iw[b * s.indexer_heads],
-                               C.index_comp.data(), C.n_index_comp, sc.iscores.data(), sc.allowed.data(), pool);
+                               C.index_comp.data(), C.n_index_comp, sc.iscores.data(), sc.order.data(), sc.allowed.data(), pool);
                 allowed = sc.allowed.data();
             }
         }

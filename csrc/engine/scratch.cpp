@@ -67,6 +67,7 @@ void Scratch::ensure(const Shape& s, int64_t nb, int64_t raw_cap, int64_t comp_r
         grow(scores, s.n_head * (raw_cap + comp_cap));
         grow(iscores, comp_cap + 1);
         grow(allowed, comp_cap + 1);
+        grow(order, comp_cap + 1);
     }
 }
 

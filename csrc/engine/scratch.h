@@ -22,7 +22,7 @@ struct Scratch {
     std::vector<float> rlogits, sg, su, smid, sout, moe;
     // per-token temporaries
     std::vector<float> gate, up, mid, down, probs, comp_row, comp_tmp, scores, iscores, y, ytmp, plain;
-    std::vector<int32_t> sel;
+    std::vector<int32_t> sel, order;
     std::vector<float> sel_w;
     std::vector<uint8_t> allowed;
     ActBuffer act, act2, xq, midq;

@@ -1,59 +1,80 @@
 #include "layers/attention.h"
 
 #include <cmath>
+#include <functional>
 
 #include "common/thread_pool.h"
 #include "layers/numerics.h"
+#include "quant/kernels.h"
 
 namespace ds4 {
 
-void attend(const AttentionInputs& in, float* out, float* scores, ThreadPool* pool) {
+namespace {
+
+// One range of heads. Dot is a functor (not a pointer) so the row dots inline and vectorise.
+template <class Dot>
+void attend_heads(const AttentionInputs& in, float* out, float* scores, int64_t h0, int64_t h1, Dot dot) {
     const Shape& s = in.kv->shape;
     const int64_t D = s.head_dim;
     const int64_t n_raw = in.kv->layers[in.il].n_raw;
     const int64_t stride = in.kv->raw_cap + in.n_comp;
     const float kq_scale = 1.0f / std::sqrt((float)D);
-
-    auto heads = [&](int64_t h0, int64_t h1) {
-        for (int64_t h = h0; h < h1; ++h) {
-            const float* qh = in.q + h * D;
-            float* sc = scores + h * stride;
-            float mx = in.sinks[h];
-            for (int64_t r = 0; r < n_raw; ++r) {
-                sc[r] = dot_f32(qh, in.kv->raw_row(in.il, r), D) * kq_scale;
-                if (sc[r] > mx) mx = sc[r];
-            }
-            for (int64_t r = 0; r < in.n_comp; ++r) {
-                float& v = sc[n_raw + r];
-                if (in.allowed && !in.allowed[r]) {
-                    v = kNeg;
-                    continue;
-                }
-                v = dot_f32(qh, in.comp + r * D, D) * kq_scale;
-                if (v > mx) mx = v;
-            }
-            float* oh = out + h * D;
-            for (int64_t i = 0; i < D; ++i) oh[i] = 0.0f;
-            float denom = std::exp(in.sinks[h] - mx);
-            for (int64_t r = 0; r < n_raw; ++r) {
-                const float w = std::exp(sc[r] - mx);
-                const float* row = in.kv->raw_row(in.il, r);
-                denom += w;
-                for (int64_t i = 0; i < D; ++i) oh[i] += w * row[i];
-            }
-            for (int64_t r = 0; r < in.n_comp; ++r) {
-                const float v = sc[n_raw + r];
-                if (v <= kNegSkip) continue;
-                const float w = std::exp(v - mx);
-                const float* row = in.comp + r * D;
-                denom += w;
-                for (int64_t i = 0; i < D; ++i) oh[i] += w * row[i];
-            }
-            const float inv = 1.0f / denom;
-            for (int64_t i = 0; i < D; ++i) oh[i] *= inv;
+    for (int64_t h = h0; h < h1; ++h) {
+        const float* qh = in.q + h * D;
+        float* sc = scores + h * stride;
+        float mx = in.sinks[h];
+        for (int64_t r = 0; r < n_raw; ++r) {
+            sc[r] = dot(qh, in.kv->raw_row(in.il, r), D) * kq_scale;
+            if (sc[r] > mx) mx = sc[r];
         }
+        for (int64_t r = 0; r < in.n_comp; ++r) {
+            float& v = sc[n_raw + r];
+            if (in.allowed && !in.allowed[r]) {
+                v = kNeg;
+                continue;
+            }
+            v = dot(qh, in.comp + r * D, D) * kq_scale;
+            if (v > mx) mx = v;
+        }
+        float* oh = out + h * D;
+        for (int64_t i = 0; i < D; ++i) oh[i] = 0.0f;
+        float denom = std::exp(in.sinks[h] - mx);
+        for (int64_t r = 0; r < n_raw; ++r) {
+            const float w = std::exp(sc[r] - mx);
+            const float* row = in.kv->raw_row(in.il, r);
+            denom += w;
+            for (int64_t i = 0; i < D; ++i) oh[i] += w * row[i];
+        }
+        for (int64_t r = 0; r < in.n_comp; ++r) {
+            const float v = sc[n_raw + r];
+            if (v <= kNegSkip) continue;
+            const float w = std::exp(v - mx);
+            const float* row = in.comp + r * D;
+            denom += w;
+            for (int64_t i = 0; i < D; ++i) oh[i] += w * row[i];
+        }
+        const float inv = 1.0f / denom;
+        for (int64_t i = 0; i < D; ++i) oh[i] *= inv;
+    }
+}
+
+struct SeqDot {
+    float operator()(const float* a, const float* b, int64_t n) const { return dot_f32(a, b, n); }
+};
+struct LanesDot {
+    float operator()(const float* a, const float* b, int64_t n) const { return dot_f32_lanes(a, b, n); }
+};
+
+}  // namespace
+
+void attend(const AttentionInputs& in, float* out, float* scores, ThreadPool* pool) {
+    const bool lanes = simd_path() != SimdPath::Scalar;
+    auto heads = [&](int64_t h0, int64_t h1) {
+        if (lanes) attend_heads(in, out, scores, h0, h1, LanesDot{});
+        else attend_heads(in, out, scores, h0, h1, SeqDot{});
     };
-    if (pool) pool->parallel_for(s.n_head, heads, 1); else heads(0, s.n_head);
+    const int64_t n_head = in.kv->shape.n_head;
+    if (pool) pool->parallel_for(n_head, std::ref(heads), 1); else heads(0, n_head);
 }
 
 }  // namespace ds4

@@ -1,16 +1,19 @@
 #include "layers/indexer.h"
 
 #include <cmath>
+#include <algorithm>
+#include <functional>
 #include <cstring>
 
 #include "common/thread_pool.h"
 #include "layers/fp_quant.h"
 #include "layers/numerics.h"
+#include "quant/kernels.h"
 
 namespace ds4 {
 
 void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* q, float* w, const float* rows,
-                    int64_t n_comp, float* scores, uint8_t* allowed, ThreadPool* pool) {
+                    int64_t n_comp, float* scores, int32_t* order, uint8_t* allowed, ThreadPool* pool) {
     const int64_t nh = s.indexer_heads;
     const int64_t hd = s.indexer_head_dim;
     rope_tail(q, nh, hd, s.n_rot, pos, rope, false);
@@ -18,35 +21,42 @@ void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* 
     const float scale = 1.0f / std::sqrt((float)(hd * nh));
     for (int64_t h = 0; h < nh; ++h) w[h] *= scale;
 
+    const bool lanes = simd_path() != SimdPath::Scalar;
     auto score_rows = [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-            const float* kv = rows + c * hd;
-            float acc = 0.0f;
-            for (int64_t h = 0; h < nh; ++h) {
-                float d = dot_f32(kv, q + h * hd, hd);
-                if (d < 0.0f) d = 0.0f;
-                acc += d * w[h];
+        auto run = [&](auto dot) {
+            for (int64_t c = c0; c < c1; ++c) {
+                const float* kv = rows + c * hd;
+                float acc = 0.0f;
+                for (int64_t h = 0; h < nh; ++h) {
+                    float d = dot(kv, q + h * hd, hd);
+                    if (d < 0.0f) d = 0.0f;
+                    acc += d * w[h];
+                }
+                scores[c] = acc;
             }
-            scores[c] = acc;
+        };
+        if (lanes) {
+            run([](const float* a, const float* b, int64_t n) { return dot_f32_lanes(a, b, n); });
+        } else {
+            run([](const float* a, const float* b, int64_t n) { return dot_f32(a, b, n); });
         }
     };
-    if (pool) pool->parallel_for(n_comp, score_rows, 64); else score_rows(0, n_comp);
+    if (pool) pool->parallel_for(n_comp, std::ref(score_rows), 64); else score_rows(0, n_comp);
 
-    if (n_comp <= 0) return;
-    std::memset(allowed, 0, (size_t)n_comp);
-    const int64_t k = s.indexer_top_k < n_comp ? s.indexer_top_k : n_comp;
-    // Repeated strict-max scans: ties go to the lowest index, like upstream.
-    for (int64_t i = 0; i < k; ++i) {
-        int64_t best = 0;
-        float best_score = kNeg;
-        for (int64_t c = 0; c < n_comp; ++c) {
-            if (!allowed[c] && scores[c] > best_score) {
-                best = c;
-                best_score = scores[c];
-            }
-        }
-        allowed[best] = 1;
+    select_top_k(scores, n_comp, s.indexer_top_k, order, allowed);
+}
+
+void select_top_k(const float* scores, int64_t n, int64_t k, int32_t* order, uint8_t* allowed) {
+    std::memset(allowed, 0, (size_t)n);
+    int64_t m = 0;
+    for (int64_t c = 0; c < n; ++c) {
+        if (scores[c] > kNeg) order[m++] = (int32_t)c;   // false for NaN and the sentinel
     }
+    const int64_t take = std::min(k, m);
+    auto better = [scores](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
+    if (take < m) std::nth_element(order, order + take, order + m, better);
+    for (int64_t i = 0; i < take; ++i) allowed[order[i]] = 1;
+    if (take < k && n > 0) allowed[0] = 1;
 }
 
 }  // namespace ds4

@@ -16,8 +16,13 @@ inline bool indexer_needed(const Shape& s, int64_t n_comp) { return n_comp > s.i
 // q: indexer_heads x indexer_head_dim projection of qr_norm (modified: RoPE, Hadamard, FP4).
 // w: indexer_heads projection of the attention input (modified: scaled).
 // rows: n_comp x indexer_head_dim compressed indexer rows. Writes allowed[0..n_comp) (1 = kept,
-// exactly top_k ones) using scores (n_comp floats of scratch).
+// exactly top_k ones) using scores (n_comp floats) and order (n_comp ints) of scratch.
 void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* q, float* w, const float* rows,
-                    int64_t n_comp, float* scores, uint8_t* allowed, ThreadPool* pool);
+                    int64_t n_comp, float* scores, int32_t* order, uint8_t* allowed, ThreadPool* pool);
+
+// Upstream's selection, as a function: marks the top k rows by (score desc, index asc) among
+// scores above the -1e30 sentinel (NaN never selected); like upstream's repeated scans, row 0
+// is marked as well when fewer than k rows qualify. O(n log k) instead of O(n k).
+void select_top_k(const float* scores, int64_t n, int64_t k, int32_t* order, uint8_t* allowed);
 
 }  // namespace ds4

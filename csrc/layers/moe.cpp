@@ -40,8 +40,8 @@ void route_token(const Shape& s, const FfnWeights& w, const float* logits, int32
             sel[i] = row[i];
         }
     } else {
-        // Bias is for selection only: build the biased scores after the probs, in place of logits
-        // would lose them, so use the tail of probs' scratch (2*n_expert floats).
+        // The bias steers selection only; the weights below use the unbiased probs, so the
+        // biased copy lives in the second half of the scratch (2*n_expert floats).
         float* biased = probs + ne;
         for (int e = 0; e < ne; ++e) biased[e] = probs[e];
         if (w.exp_probs_b) {
@@ -84,20 +84,9 @@ void routed_experts(const Shape& s, const FfnWeights& w, const float* x, const i
     const int64_t mb = act_bytes(dt, F);
     uint8_t* mq = sc.midq->ensure(mb * nu);
     for (int i = 0; i < nu; ++i) {
-        // Upstream's order: silu(g) * u, then times the routing weight.
+        // The routing weight scales mid before the down projection (upstream's order).
         float* mid = sc.mid + i * F;
-        const float* g = sc.gate + i * F;
-        const float* u = sc.up + i * F;
-        const float c = s.swiglu_clamp;
-        for (int64_t j = 0; j < F; ++j) {
-            float gv = g[j], uv = u[j];
-            if (c > 1.0e-6f) {
-                if (gv > c) gv = c;
-                if (uv > c) uv = c;
-                if (uv < -c) uv = -c;
-            }
-            mid[j] = silu(gv) * uv * weights[i];
-        }
+        swiglu(mid, sc.gate + i * F, sc.up + i * F, F, s.swiglu_clamp, weights[i]);
         quantize_act(dt, mid, mq + i * mb, F);
     }
     matvec_experts(dt, w.down_exps.data, s.n_expert, E, F, sel, nu, mq, mb, sc.down, pool);

@@ -109,4 +109,20 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
     return acc;
 }
 
+// Float dot in 8 interleaved partial sums combined pairwise: a fixed order (identical on every
+// machine and thread count) that the compiler can vectorise, used when a SIMD kernel path is
+// active. The scalar path keeps upstream's sequential order (dot_f32).
+inline float dot_f32_lanes(const float* a, const float* b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+    }
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+using DotF32 = float (*)(const float*, const float*, int64_t);
+
 }  // namespace ds4

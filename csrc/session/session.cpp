@@ -9,10 +9,15 @@
 
 namespace ds4 {
 
+namespace {
+constexpr int64_t kKeepBatchScratch = 256;   // tokens of batch scratch kept between calls
+}  // namespace
+
 Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::move(model)) {
     if (ctx < 2) fail(ErrorKind::InvalidArgument, "session context must be at least 2 tokens, got " + std::to_string(ctx));
     if (ctx > 0x7fffffff) fail(ErrorKind::InvalidArgument, "session context is too large: " + std::to_string(ctx));
     kv_.init(model_->shape(), ctx);
+    tokens_.reserve((size_t)ctx);   // the decode loop never reallocates the checkpoint
     logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
     last_hc_.assign((size_t)model_->shape().hc_dim(), 0.0f);
     if (model_->weights().mtp.present) {
@@ -50,7 +55,7 @@ void Session::check_tokens(const int32_t* t, int64_t n) const {
     }
 }
 
-void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild) {
+void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild, bool reset_frontier) {
     if (rebuild) {
         reset_mtp();
         kv_.reset();
@@ -76,9 +81,16 @@ void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool 
         has_logits_ = true;
         hidden_valid_ = true;
         done += m;
-        if (rebuild && done == n) kv_.finish_prefill(pos());
+        // A prefill (sync) leaves the frontier as upstream's prefill does, at every chunk
+        // boundary: rows the current window has not written yet are reset. Numerically inert,
+        // but it makes sync's state independent of how the prompt was split (rebuild, extend,
+        // cancelled and resumed): a checkpoint taken from the progress callback equals a fresh
+        // prefill of the same tokens byte for byte. Token-by-token eval leaves them, as upstream.
+        if (reset_frontier) kv_.finish_prefill(pos());
         if (cb) cb(done, n);
     }
+    // A long prefill's batch buffers (GBs on Flash) are not kept for the decode that follows.
+    if (scratch_.tokens > kKeepBatchScratch) scratch_ = Scratch();
 }
 
 void Session::materialize() {
@@ -88,7 +100,7 @@ void Session::materialize() {
     kv_.reset();
     stale_ = false;
     has_logits_ = false;
-    if (!toks.empty()) extend(toks.data(), (int64_t)toks.size(), nullptr, true);
+    if (!toks.empty()) extend(toks.data(), (int64_t)toks.size(), nullptr, true, true);
 }
 
 const float* Session::logits() {
@@ -111,16 +123,8 @@ void Session::eval(int32_t token) {
         fail(ErrorKind::ContextOverflow, "context is full: " + std::to_string(pos()) + " tokens in a ctx of " +
                                              std::to_string(ctx()) + " (one slot stays free)");
     }
-    if (stale_) {
-        std::vector<int32_t> toks = tokens_;
-        toks.push_back(token);
-        tokens_.clear();
-        kv_.reset();
-        stale_ = false;
-        extend(toks.data(), (int64_t)toks.size(), nullptr, true);
-        return;
-    }
-    extend(&token, 1, nullptr, false);
+    materialize();
+    extend(&token, 1, nullptr, false, false);
 }
 
 int64_t Session::common_prefix(const std::vector<int32_t>& prompt) const {
@@ -139,11 +143,13 @@ void Session::sync(const std::vector<int32_t>& prompt, const ChunkCallback& cb) 
     }
     check_tokens(prompt.data(), n);
     const int64_t common = common_prefix(prompt);
-    if (!stale_ && common == pos()) {
-        if (n > pos()) extend(prompt.data() + pos(), n - pos(), cb, false);
+    // An empty timeline has no valid checkpoint to extend (upstream): a full prefill, whose
+    // finishing frontier reset keeps saved payloads byte-comparable.
+    if (!stale_ && pos() > 0 && common == pos()) {
+        if (n > pos()) extend(prompt.data() + pos(), n - pos(), cb, false, true);
         return;
     }
-    extend(prompt.data(), n, cb, true);
+    extend(prompt.data(), n, cb, true, true);
 }
 
 void Session::rewind(int64_t p) {

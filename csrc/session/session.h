@@ -58,7 +58,7 @@ public:
 
 private:
     void check_tokens(const int32_t* t, int64_t n) const;
-    void extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild);
+    void extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild, bool reset_frontier);
     void materialize();
     void reset_mtp();
 

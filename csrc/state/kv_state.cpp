@@ -34,7 +34,8 @@ void KvState::init(const Shape& s, int64_t ctx_size) {
     shape = s;
     ctx = ctx_size;
     raw_cap = std::max<int64_t>(1, std::min<int64_t>(s.n_swa, ctx));
-    layers.assign(s.n_layer, LayerKv{});
+    layers.clear();
+    layers.resize((size_t)s.n_layer);
     for (int il = 0; il < s.n_layer; ++il) {
         LayerKv& L = layers[il];
         L.ratio = s.ratio(il);
@@ -42,11 +43,11 @@ void KvState::init(const Shape& s, int64_t ctx_size) {
         if (L.ratio != 0) {
             const int64_t coff = Shape::coff(L.ratio);
             L.comp_cap = ctx / L.ratio + 2;
-            L.comp.assign(L.comp_cap * s.head_dim, 0.0f);
+            L.comp.assign_zeroed((size_t)(L.comp_cap * s.head_dim));
             L.attn_state_kv.assign(coff * L.ratio * coff * s.head_dim, 0.0f);
             L.attn_state_score.assign(L.attn_state_kv.size(), kNegSentinel);
             if (L.ratio == 4) {
-                L.index_comp.assign(L.comp_cap * s.indexer_head_dim, 0.0f);
+                L.index_comp.assign_zeroed((size_t)(L.comp_cap * s.indexer_head_dim));
                 L.index_state_kv.assign(coff * L.ratio * coff * s.indexer_head_dim, 0.0f);
                 L.index_state_score.assign(L.index_state_kv.size(), kNegSentinel);
             }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/shape.h"
+#include "state/row_buffer.h"
 
 namespace ds4 {
 
@@ -21,7 +22,7 @@ struct LayerKv {
     int64_t raw_next = 0;
 
     // Compressed attention rows (ratio != 0): comp_cap rows of head_dim; n_comp live.
-    std::vector<float> comp;
+    RowBuffer comp;
     int64_t comp_cap = 0;
     int64_t n_comp = 0;
     // Attention compressor frontier: coff*ratio rows x coff*head_dim (kv init 0, score init NEG).
@@ -29,7 +30,7 @@ struct LayerKv {
     std::vector<float> attn_state_score;
 
     // Indexer (ratio == 4): comp_cap rows of indexer_head_dim; frontier coff*ratio x coff*idx_dim.
-    std::vector<float> index_comp;
+    RowBuffer index_comp;
     int64_t n_index_comp = 0;
     std::vector<float> index_state_kv;
     std::vector<float> index_state_score;

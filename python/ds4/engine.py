@@ -71,9 +71,9 @@ class Engine:
                                   int(threads or 0), int(prefill_chunk or 0))
         self.mtp_path: Path | None = None
         if mtp_path is not None:
-            mtp_info = inspect(Path(mtp_path)) if _is_full_model(Path(mtp_path)) else None
-            tensors = _tensor_table(mtp_info, _MTP_PREFIX) if mtp_info else _raw_tensor_table(Path(mtp_path))
-            if not any(t[0].startswith(_MTP_PREFIX) for t in tensors):
+            # Only the mtp.0.* tensors are used; the C++ binder checks their types, dims and bounds.
+            tensors = [t for t in _raw_tensor_table(Path(mtp_path)) if t[0].startswith(_MTP_PREFIX)]
+            if not tensors:
                 raise ModelFormatError(f"{mtp_path}: no {_MTP_PREFIX}* tensors found")
             self._model.load_mtp(str(mtp_path), tensors)
             self.mtp_path = Path(mtp_path)
@@ -138,12 +138,6 @@ class Engine:
 
     def __repr__(self) -> str:
         return f"Engine({str(self.path)!r}, variant={self.info.variant!r}, threads={self.threads})"
-
-
-def _is_full_model(path: Path) -> bool:
-    from .gguf_header import read_header
-    h = read_header(path)
-    return "deepseek4.block_count" in h.metadata
 
 
 def _raw_tensor_table(path: Path) -> list[tuple[str, int, list[int], int, int]]:

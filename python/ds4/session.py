@@ -27,6 +27,7 @@ from .errors import InvalidArgumentError, UnsupportedModelError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
+    from .sampling import Rng, TokenLogprob
 
 __all__ = ["Session", "Snapshot"]
 
@@ -119,6 +120,20 @@ class Session:
     def argmax(self) -> int:
         """The most likely next token (lowest id on ties)."""
         return int(self._s.argmax())
+
+    def sample(self, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+               min_p: float | None = None, rng: "Rng | None" = None) -> int:
+        """Sample the next token from the current logits (:func:`ds4.sampling.sample`; defaults
+        are upstream's). ``temperature <= 0`` is argmax and needs no ``rng``."""
+        from . import sampling
+        kw = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p).items()
+              if v is not None}
+        return sampling.sample(self.logits, rng=rng, **kw)
+
+    def top_logprobs(self, k: int) -> list["TokenLogprob"]:
+        """The k most likely next tokens with their log-probabilities (:func:`ds4.sampling.top_logprobs`)."""
+        from . import sampling
+        return sampling.top_logprobs(self.logits, k)
 
     # ---- checkpoints --------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:

@@ -74,6 +74,7 @@ def test_cancel_between_chunks_leaves_a_consistent_session(tiny_path) -> None:
     ref = eng.session(ctx=128)
     ref.sync(toks[:24])
     assert np.array_equal(s.logits, ref.logits)
+    assert s.save_payload() == ref.save_payload()      # the boundary state IS a prefill of it
     s.sync(toks)  # resumes from the boundary
     ref.sync(toks)
     assert np.array_equal(s.logits, ref.logits)
@@ -97,3 +98,72 @@ def test_sessions_run_in_parallel_threads(tiny_engine) -> None:
         s = tiny_engine.session(ctx=64)
         s.sync(toks[i])
         assert np.array_equal(out[i], s.logits)
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_progress_exceptions_propagate_at_a_boundary(tiny_path, exc) -> None:
+    import os
+    import signal
+
+    eng = ds4.Engine(tiny_path, threads=1, prefill_chunk=8)
+    toks = np.random.default_rng(1).integers(0, 512, 40).tolist()
+    s = eng.session(ctx=64)
+
+    def progress(done: int, total: int) -> None:
+        if done == 16:
+            if exc is KeyboardInterrupt:
+                os.kill(os.getpid(), signal.SIGINT)   # delivered as KeyboardInterrupt by Python
+                return
+            raise exc("stop")
+
+    with pytest.raises(exc):
+        s.sync(toks, progress=progress)
+    assert s.pos in (16, 24) and s.tokens == toks[:s.pos]
+    ref = eng.session(ctx=64)
+    ref.sync(toks[:s.pos])
+    assert np.array_equal(s.logits, ref.logits)
+
+
+def _core_tables(info):
+    from ds4.engine import _shape_dict, _tensor_table
+    return _shape_dict(info.shape), _tensor_table(info)
+
+
+@pytest.mark.parametrize("breakage", ["offset", "dims", "type", "missing", "shape"])
+def test_core_checks_the_tensor_table(tiny_engine, tiny_path, breakage: str) -> None:
+    # The C++ binder re-checks what it relies on (bounds, dims, types) even after ds4.inspect.
+    from ds4 import _core
+    shape, table = _core_tables(tiny_engine.info)
+    i = next(k for k, t in enumerate(table) if t[0] == "blk.1.attn_q_b.weight")
+    name, typ, dims, off, nb = table[i]
+    if breakage == "offset":
+        table[i] = (name, typ, dims, tiny_path.stat().st_size - 10, nb)
+    elif breakage == "dims":
+        table[i] = (name, typ, [dims[0], dims[1] // 2], off, nb)
+    elif breakage == "type":
+        table[i] = (name, 0, dims, off, nb)      # F32 is not a matrix type here
+    elif breakage == "missing":
+        del table[i]
+    else:
+        shape["compress_ratios"] = [0, 0, 4]
+    with pytest.raises(ModelFormatError, match="attn_q_b|compress_ratios|shape"):
+        _core.Model(str(tiny_path), shape, table, 1, 0)
+
+
+def test_argument_validation(tiny_path, tiny_engine) -> None:
+    from ds4.errors import InvalidArgumentError
+    with pytest.raises(InvalidArgumentError):
+        ds4.Engine(tiny_path, threads=0)
+    with pytest.raises(InvalidArgumentError):
+        tiny_engine.session(ctx=1)
+    with pytest.raises(InvalidArgumentError):
+        tiny_engine.session(ctx=8).argmax()     # nothing evaluated yet
+
+
+def test_long_context_session_commits_memory_lazily(tiny_engine) -> None:
+    # Compressed-row caches are zero pages until written: a 1M-token session costs address space.
+    before = _rss_bytes()
+    s = tiny_engine.session(ctx=1 << 20)
+    s.sync([1, 2, 3, 4, 5])
+    assert s.kv_bytes > 200_000_000
+    assert _rss_bytes() - before < s.kv_bytes // 4, (_rss_bytes() - before, s.kv_bytes)

@@ -54,3 +54,29 @@ def test_mtp_errors(mtp_pair, tiny_engine) -> None:
     assert s.mtp_logits().shape == (512,)
     with pytest.raises(UnsupportedModelError):
         tiny_engine.session(ctx=16).mtp_logits()
+
+
+def test_mtp_from_a_separate_file(tmp_path) -> None:
+    # The MTP block shipped as its own GGUF (mtp_path) gives the same drafts as an embedded one.
+    import gguf
+
+    full = ds4.testing.write_model(tmp_path / "full.gguf", "tiny", mtp=True, seed=4)
+    base = ds4.testing.write_model(tmp_path / "base.gguf", "tiny", mtp=False, seed=4)
+    reader = gguf.GGUFReader(str(full))
+    w = gguf.GGUFWriter(str(tmp_path / "mtp.gguf"), "deepseek4")
+    for t in reader.tensors:
+        if t.name.startswith("mtp.0."):
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    embedded = ds4.Engine(full, threads=1)
+    separate = ds4.Engine(base, threads=1, mtp_path=tmp_path / "mtp.gguf")
+    assert separate.has_mtp
+    toks = [5, 9, 200, 7]
+    a, b = embedded.session(ctx=32), separate.session(ctx=32)
+    for t in toks:
+        a.eval(t)
+        b.eval(t)
+        assert np.array_equal(a.mtp_logits(), b.mtp_logits())

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ds4
 import ds4.testing
 from ds4.reference import ReferenceModel
 
-from _compare import TOL_ARGMAX, compare_rows
+from _compare import TOL_ARGMAX, compare_rows, row_means
 
 # A reference row whose top-1/top-2 margin exceeds this must give the same argmax: the largest
-# per-row deviation seen between two correct float orders on the tiny model is ~1.5 (MODEL.md §9
-# reports 2.29 max for upstream vs a blind port), so flips are legitimate only below it.
-NEAR_TIE = 2.0
+# single-logit deviation seen between two correct float orders on the tiny models is ~2.4 (see
+# _compare.py; MODEL.md §9 reports 2.29 for upstream vs a blind port), so flips are legitimate
+# only below it.
+NEAR_TIE = 2.5
 
 
 def _teacher_forced(eng: ds4.Engine, ref: ReferenceModel, tokens: list[int], ctx: int = 512):
@@ -70,9 +71,8 @@ def test_teacher_forced_160_tokens(pair, simd) -> None:
     rng = np.random.default_rng(7)
     tokens = rng.integers(0, eng.shape.n_vocab, 160).tolist()
     ours, theirs = _teacher_forced(eng, ref, tokens)
-    # Over 160 rows a couple of near-tie flips are expected; allow the MODEL.md §9 floor minus one
-    # row of slack per 80 (the decisive-row check above still demands exact argmax elsewhere).
-    _check(ours, theirs, min_argmax=0.93)
+    # Near-tie flips are expected (see _compare.py); decisive rows must still agree exactly.
+    _check(ours, theirs)
 
 
 @settings(max_examples=6)
@@ -107,12 +107,53 @@ def test_greedy_continuation(pair) -> None:
         theirs = ref.decode(st_, t_ref)
 
 
-@settings(max_examples=3)
+# The simd fixture only selects a kernel path for the whole test, so sharing it is safe.
+@settings(max_examples=3, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shape=ds4.testing.shapes(max_layers=3), seed=st.integers(0, 1000))
-def test_drawn_shapes(tmp_path_factory: pytest.TempPathFactory, shape, seed: int) -> None:
+def test_drawn_shapes(tmp_path_factory: pytest.TempPathFactory, simd, shape, seed: int) -> None:
+    # Drawn shapes include top-1 routing and top_k 2 indexers, where one flipped selection moves a
+    # whole row (measured: a 2-layer top-1 shape, engine scalar vs engine AVX-512, one row at 1.07
+    # mean |dlogit|, the others ~0.015). So rows are judged one by one: no drift (median row within
+    # the fixed-model limit) and flips rare and isolated. Calibration, scalar path, 40 drawn shapes
+    # x 40 tokens: worst median row 0.051 and worst 4/40 rows above 0.1 (both top-1 routing).
     path = ds4.testing.write_model(tmp_path_factory.mktemp("drawn") / "m.gguf", shape, seed=seed)
     eng, ref = ds4.Engine(path, threads=1), ReferenceModel(path)
     tokens = np.random.default_rng(seed).integers(0, shape.n_vocab, 24).tolist()
     ours, theirs = _teacher_forced(eng, ref, tokens, ctx=64)
-    stats = compare_rows(ours, theirs)
-    assert stats.mean_abs <= 0.05 and stats.mean_kl <= 0.006, stats
+    rows = row_means(ours, theirs)
+    assert np.median(rows) <= 0.07 and (rows > 0.1).mean() <= 0.2, np.round(rows, 3)
+
+
+@pytest.mark.parametrize("n,extend", [(10, 0), (150, 0), (140, 12)])
+def test_payload_layout_matches_reference(pair, n: int, extend: int) -> None:
+    # Same header and byte layout as the reference's independent DSV4 writer; every array in the
+    # same place with the same size, the sentinel-filled frontier rows in the same places, and
+    # values within the cache's own rounding noise (FP8 steps can flip, see _compare.py).
+    eng, ref = pair
+    tokens = np.random.default_rng(n).integers(0, eng.shape.n_vocab, n + extend).tolist()
+    s = eng.session(ctx=512)
+    s.sync(tokens[:n])
+    st_ = ref.new_state(512)
+    ref.prefill(st_, tokens[:n])
+    for t in tokens[n:]:
+        s.eval(t)
+        ref.decode(st_, t)
+    ours, theirs = s.save_payload(), st_.to_payload()
+    assert len(ours) == len(theirs) and ours[:52] == theirs[:52]
+    off = 52
+    for name, arr in st_.payload_arrays():
+        arr = np.asarray(arr)
+        mine = np.frombuffer(ours, dtype=arr.dtype, count=arr.size, offset=off).reshape(arr.shape)
+        off += arr.nbytes
+        if arr.dtype == np.uint32:
+            assert np.array_equal(mine, arr), name
+        elif name == "logits":
+            assert row_means(mine, arr)[0] <= 0.5   # one row: may be a spike row (see above)
+        else:
+            sentinel = arr <= -1e29
+            assert np.array_equal(mine <= -1e29, sentinel), name
+            if arr.size and not sentinel.all():
+                diff = np.abs(mine[~sentinel].astype(np.float64) - arr[~sentinel])
+                scale = max(1.0, float(np.abs(arr[~sentinel]).max()))
+                assert diff.mean() <= 0.02 * scale, (name, diff.mean(), diff.max())
+    assert off == len(ours)

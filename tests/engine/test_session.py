@@ -60,6 +60,8 @@ def test_sync_reuses_prefix(tiny_engine) -> None:
     fresh = tiny_engine.session(ctx=256)
     fresh.sync(toks)
     assert np.array_equal(s.logits, fresh.logits) and s.tokens == toks
+    # sync's state does not depend on how the prompt was split (frontier reset included)
+    assert s.save_payload() == fresh.save_payload()
     # A prompt that diverges rebuilds and still equals a fresh session.
     other = toks[:30] + _tokens(20, 5)
     s.sync(other)
@@ -205,3 +207,30 @@ def test_logits_are_a_readonly_view(tiny_engine) -> None:
     s.eval(6)
     assert v is s.logits and not np.array_equal(v, before)
     assert s.argmax() == int(np.argmax(v))
+
+
+def test_payload_from_smaller_ctx_loads_when_layout_matches(tiny_engine) -> None:
+    # ctx >= 2048 all share the 2048 chunk tag and 128-row window (RUNTIME.md §6.2 step 5), so a
+    # ctx-2048 payload loads into a ctx-4096 session and continues bit-identically.
+    toks = _tokens(60, 13)
+    small = tiny_engine.session(ctx=2048)
+    small.sync(toks)
+    big = tiny_engine.session(ctx=4096)
+    big.load_payload(small.save_payload())
+    small.eval(7)
+    big.eval(7)
+    assert np.array_equal(small.logits, big.logits)
+    with pytest.raises(CacheFormatError):          # and not into a smaller context
+        tiny_engine.session(ctx=2047).load_payload(big.save_payload())
+
+
+def test_sampling_helpers_use_the_live_logits(tiny_engine) -> None:
+    from ds4 import sampling
+    s = tiny_engine.session(ctx=32)
+    s.sync([3, 4, 5])
+    assert s.sample(temperature=0) == s.argmax()
+    a, b = sampling.Rng(7), sampling.Rng(7)
+    assert s.sample(temperature=0.8, rng=a) == sampling.sample(s.logits, temperature=0.8, rng=b)
+    top = s.top_logprobs(3)
+    assert [t.id for t in top] == [t.id for t in sampling.top_logprobs(s.logits, 3)]
+    assert top[0].id == s.argmax()
