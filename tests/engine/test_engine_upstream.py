@@ -1,6 +1,6 @@
 """The engine against upstream antirez/ds4 itself (CPU backend, strict -O2 build).
 
-Golden data produced by scripts/upstream_oracle/ (see its README): teacher-forced decode logits on
+Golden data produced by upstream itself (docs/validation.md says how): teacher-forced decode logits on
 the tiny Flash-schedule and tiny-pro Pro-schedule models (tests/reference/data/upstream_*.npz) and a
 session payload written by upstream's own kvstore (tests/data/kvcache/). On the scalar kernel path
 the engine follows upstream's scalar float orders literally, so it must reproduce upstream's
@@ -41,7 +41,7 @@ def _golden_engine(tmp_path: Path, gold) -> ds4.Engine:
     name, seed = str(gold["preset"]), int(gold["seed"])
     path = ds4.testing.write_model(tmp_path / f"{name}-s{seed}.gguf", name, experts="q2", seed=seed)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == str(gold["model_sha256"]), (
-        "ds4.testing writes a different model now: regenerate the golden data (scripts/upstream_oracle)")
+        "ds4.testing writes a different model now: regenerate the golden data (docs/validation.md)")
     return ds4.Engine(path, threads=2)
 
 

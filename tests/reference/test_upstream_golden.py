@@ -3,9 +3,9 @@
 ``data/upstream_*.npz`` hold upstream's teacher-forced decode logits on ``ds4.testing`` models
 (tiny: Flash schedule, 40 tokens; tiny-pro: Pro schedule, positions around the first ratio-128
 rows of layers 0-1), produced with upstream's shape constants patched to the preset
-(scripts/upstream_oracle/). Each file records the sha256 of the model it belongs to: if the
-synthetic writer changes its output, this test fails and the golden data must be regenerated with
-``scripts/upstream_oracle/make_golden.py``.
+(docs/validation.md). Each file records the sha256 of the model it belongs to: if the
+synthetic writer changes its output, this test fails and the golden data must be regenerated
+from upstream (docs/validation.md).
 
 The tiny models are chaotic: Q8_0 activation ties flip on 1-ulp input changes and move logits by
 ~0.1 (upstream's own strict and fast-math builds differ from each other by as much as the
@@ -45,7 +45,7 @@ def test_reference_matches_upstream_logits(model_dir, fname):
     path = ds4.testing.write_model(model_dir / f"golden-{name}-s{seed}.gguf", name, experts="q2", seed=seed)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == str(gold["model_sha256"]), (
         f"ds4.testing now writes a different {name} model: regenerate the golden logits "
-        "(scripts/upstream_oracle/README.md)")
+        "(docs/validation.md)")
     m = ReferenceModel(path)
     st_ = m.new_state(256)
     ours = np.stack([m.decode(st_, int(t)) for t in gold["tokens"]])[gold["positions"]].astype(np.float64)

@@ -5,7 +5,7 @@ attention, compressor, indexer, MoE, output head, state), numerics as MODEL.md Â
 Only for small (synthetic) models: weights are dequantised to float32 in memory.
 
 Validated against upstream antirez/ds4's own CPU backend on the tiny synthetic model
-(scripts/upstream_oracle/): fed upstream's intermediate inputs every stage agrees to ~1e-6
+(docs/validation.md): fed upstream's intermediate inputs every stage agrees to ~1e-6
 relative, saved cache states match field by field, and end-to-end logits differ from upstream as
 much as upstream's strict and fast-math builds differ from each other (mean abs ~0.03).
 
