@@ -16,13 +16,13 @@ logits for the next token. ``sync`` reuses whatever prefix is already evaluated:
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
+from ._atomic import write_atomic
 from .errors import InvalidArgumentError, UnsupportedModelError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -156,22 +156,8 @@ class Session:
         return int(self._s.payload_size())
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the payload to ``path`` atomically (temp file in the same folder, then rename)."""
-        path = Path(path)
-        data = self.save_payload()
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        """Write the payload to ``path`` atomically (unique temp file in the same folder, fsync, rename)."""
+        write_atomic(Path(path), [self.save_payload()])
 
     @property
     def kv_bytes(self) -> int:

@@ -172,6 +172,7 @@ class ChatRepl:
             return None
         except Ds4Error:
             self.bar.close()
+            self.printer.end()  # the error message starts on its own line
             del self.transcript[before:]
             raise
         self.printer.end()
