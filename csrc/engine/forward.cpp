@@ -1,5 +1,6 @@
 #include "engine/forward.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/errors.h"
@@ -136,10 +137,17 @@ void ffn_layer(const Model& model, const FfnWeights& w, Scratch& sc, const int32
     linear(w.down_shexp, sc.smid.data(), nb, sc.sout.data(), sc.act, pool);
 
     MoeScratch ms{sc.gate.data(), sc.up.data(), sc.mid.data(), sc.down.data(), &sc.xq, &sc.midq};
+    const int64_t U = s.n_expert_used;
+    for (int64_t b0 = 0; b0 < nb; b0 += kMoeTokenBatch) {
+        const int64_t m = std::min(kMoeTokenBatch, nb - b0);
+        for (int64_t b = b0; b < b0 + m; ++b) {
+            route_token(s, w, &sc.rlogits[b * s.n_expert], tokens[b], &sc.sel[(b - b0) * U], &sc.sel_w[(b - b0) * U],
+                        sc.probs.data());
+        }
+        routed_experts_batch(s, w, &sc.a[b0 * E], m, sc.sel.data(), sc.sel_w.data(), &sc.moe[b0 * E], ms, pool);
+    }
     for (int64_t b = 0; b < nb; ++b) {
-        route_token(s, w, &sc.rlogits[b * s.n_expert], tokens[b], sc.sel.data(), sc.sel_w.data(), sc.probs.data());
         float* moe = &sc.moe[b * E];
-        routed_experts(s, w, &sc.a[b * E], sc.sel.data(), sc.sel_w.data(), moe, ms, pool);
         const float* shared = &sc.sout[b * E];
         for (int64_t d = 0; d < E; ++d) moe[d] = moe[d] + shared[d];
         hc_post(&sc.H[b * HD], moe, &sc.H2[b * HD], sc.splits[b], E, s.n_hc);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "layers/moe.h"
+
 namespace ds4 {
 
 namespace {
@@ -44,9 +46,17 @@ void Scratch::ensure(const Shape& s, int64_t nb, int64_t raw_cap, int64_t comp_r
         grow(smid, nb * s.n_ff_exp);
         grow(sout, nb * E);
         grow(moe, nb * E);
+        // Routed experts run kMoeTokenBatch tokens at a time (per-pair buffers).
+        const int64_t mt = std::min(nb, kMoeTokenBatch), U = s.n_expert_used, F = s.n_ff_exp;
+        grow(gate, mt * U * F);
+        grow(up, mt * U * F);
+        grow(mid, mt * U * F);
+        grow(down, mt * U * E);
+        grow(sel, mt * U);
+        grow(sel_w, mt * U);
         tokens = nb;
     }
-    if (gate.empty()) {
+    if (probs.empty()) {
         const int64_t E = s.n_embd, F = s.n_ff_exp, U = s.n_expert_used;
         const int64_t W = 2 * std::max<int64_t>(s.head_dim, s.indexer_head_dim);
         grow(gate, U * F);

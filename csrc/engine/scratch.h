@@ -20,7 +20,7 @@ struct Scratch {
     std::vector<float> ckv, csc, ickv, icsc, iq, iw;
     std::vector<float> heads, low, grp, attn_out;
     std::vector<float> rlogits, sg, su, smid, sout, moe;
-    // per-token temporaries
+    // per-token temporaries (gate/up/mid/down/sel/sel_w: per MoE token batch, see kMoeTokenBatch)
     std::vector<float> gate, up, mid, down, probs, comp_row, comp_tmp, scores, iscores, y, ytmp, plain;
     std::vector<int32_t> sel, order;
     std::vector<float> sel_w;

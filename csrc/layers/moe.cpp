@@ -97,4 +97,37 @@ void routed_experts(const Shape& s, const FfnWeights& w, const float* x, const i
     }
 }
 
+void routed_experts_batch(const Shape& s, const FfnWeights& w, const float* x, int64_t nb, const int32_t* sel,
+                          const float* weights, float* out, MoeScratch sc, ThreadPool* pool) {
+    if (nb == 1) {
+        routed_experts(s, w, x, sel, weights, out, sc, pool);
+        return;
+    }
+    const int64_t nu = s.n_expert_used;
+    const int64_t E = s.n_embd, F = s.n_ff_exp;
+    const GgmlType gt = w.gate_exps.type, dt = w.down_exps.type;
+    const int64_t xb = act_bytes(gt, E);
+    uint8_t* xq = sc.xq->ensure(xb * nb);
+    for (int64_t b = 0; b < nb; ++b) quantize_act(gt, x + b * E, xq + b * xb, E);
+    matmul_experts(gt, w.gate_exps.data, s.n_expert, F, E, sel, nb, nu, xq, xb, 0, sc.gate, pool);
+    matmul_experts(gt, w.up_exps.data, s.n_expert, F, E, sel, nb, nu, xq, xb, 0, sc.up, pool);
+    const int64_t mb = act_bytes(dt, F);
+    uint8_t* mq = sc.midq->ensure(mb * nu * nb);
+    for (int64_t p = 0; p < nb * nu; ++p) {
+        float* mid = sc.mid + p * F;
+        swiglu(mid, sc.gate + p * F, sc.up + p * F, F, s.swiglu_clamp, weights[p]);
+        quantize_act(dt, mid, mq + p * mb, F);
+    }
+    matmul_experts(dt, w.down_exps.data, s.n_expert, E, F, sel, nb, nu, mq, nu * mb, mb, sc.down, pool);
+    for (int64_t b = 0; b < nb; ++b) {
+        const float* down = sc.down + b * nu * E;
+        float* o = out + b * E;
+        for (int64_t r = 0; r < E; ++r) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < nu; ++i) acc += down[i * E + r];
+            o[r] = acc;
+        }
+    }
+}
+
 }  // namespace ds4

@@ -30,4 +30,15 @@ struct MoeScratch {
 void routed_experts(const Shape& s, const FfnWeights& w, const float* x, const int32_t* sel, const float* weights,
                     float* out, MoeScratch scratch, ThreadPool* pool);
 
+// Tokens per batched routed-experts call in prefill: enough pairs per expert that each expert's
+// weights are streamed once for many tokens, while the per-pair buffers stay a few MB.
+constexpr int64_t kMoeTokenBatch = 256;
+
+// routed_experts for nb tokens at once (nb <= kMoeTokenBatch; scratch sized for nb tokens):
+// x[b*n_embd], sel/weights[b*n_expert_used], out[b*n_embd]. Same bits as nb calls of
+// routed_experts: every dot product is the same kernel call on the same bytes, and each token's
+// slots are summed in slot order.
+void routed_experts_batch(const Shape& s, const FfnWeights& w, const float* x, int64_t nb, const int32_t* sel,
+                          const float* weights, float* out, MoeScratch scratch, ThreadPool* pool);
+
 }  // namespace ds4
