@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -33,6 +34,32 @@ namespace {
 // Nesting guard: a parallel_for issued from inside a running job executes inline, which avoids
 // deadlocking a pool whose threads are all busy with the outer job.
 thread_local int t_pool_depth = 0;
+
+// Decode issues a parallel_for every few microseconds; waking a sleeping thread through the
+// kernel costs about as long as a small job. So a waiting thread first spins this long on the
+// flag it waits for, then sleeps as before (the machine may be shared: the spin stays short).
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
+// Spins until ready() or kSpin has passed; true when ready() was seen.
+template <class Ready>
+bool spin_until(Ready ready) {
+    const auto deadline = std::chrono::steady_clock::now() + kSpin;
+    for (;;) {
+        for (int i = 0; i < 32; ++i) {
+            if (ready()) return true;
+            cpu_relax();
+        }
+        if (std::chrono::steady_clock::now() >= deadline) return ready();
+    }
+}
 
 int physical_cores() {
 #if defined(__linux__)
@@ -84,6 +111,7 @@ struct ThreadPool::Impl {
         std::atomic<int64_t> next{0};
         int64_t finished = 0;  // guarded by mu
         int refs = 0;          // guarded by mu
+        std::atomic<bool> complete{false};  // set under mu once finished == n_tasks and refs == 0
         std::exception_ptr error;
     };
 
@@ -95,7 +123,7 @@ struct ThreadPool::Impl {
     std::mutex mu;
     std::condition_variable wake;
     std::condition_variable done;
-    uint64_t generation = 0;
+    std::atomic<uint64_t> generation{0};  // written under mu; also read without it while spinning
     bool stop = false;
     Job* job = nullptr;  // the current job, null between calls
 
@@ -121,7 +149,10 @@ struct ThreadPool::Impl {
         if (err && !j.error) j.error = err;
         j.finished += completed;
         --j.refs;
-        if (j.finished == j.n_tasks && j.refs == 0) done.notify_all();
+        if (j.finished == j.n_tasks && j.refs == 0) {
+            j.complete.store(true, std::memory_order_release);
+            done.notify_all();
+        }
     }
 
     void start_workers(int n) {
@@ -145,6 +176,7 @@ struct ThreadPool::Impl {
         uint64_t seen = 0;
         for (;;) {
             Job* j = nullptr;
+            spin_until([&] { return generation.load(std::memory_order_acquire) != seen; });
             {
                 std::unique_lock<std::mutex> lk(mu);
                 wake.wait(lk, [&] { return stop || generation != seen; });
@@ -202,6 +234,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     }
     s.wake.notify_all();
     s.run_tasks(j);
+    spin_until([&] { return j.complete.load(std::memory_order_acquire); });
     {
         std::unique_lock<std::mutex> lk(s.mu);
         s.done.wait(lk, [&] { return j.finished == j.n_tasks && j.refs == 0; });
