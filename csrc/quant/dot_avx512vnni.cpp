@@ -1,0 +1,32 @@
+// AVX-512 + VNNI row-dot kernels: the table of dot_avx512_common.inc built with -mavx512vnni, so
+// the integer steps use vpdpbusd (Q8_0) and vpdpwssd (Q2_K, IQ2_XXS). Every int32 block sum and
+// every float operation is the one of the plain AVX-512 table: results are bit-identical to it.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+// GCC 12's AVX-512 headers trip -W(maybe-)uninitialized on their own _mm512_undefined_* idiom
+// (GCC PR 105593, fixed in 13); nothing in this file reads an uninitialised value.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+
+#include "quant/dot_kernels.h"
+#include "quant/formats.h"
+#include "quant/iq2xxs_tables.h"
+
+namespace ds4::quant {
+
+namespace {
+#include "quant/dot_avx512_common.inc"
+
+DotKernels make_avx512vnni_table() {
+    DotKernels k = make_avx512_table();
+    return k;
+}
+}  // namespace
+
+const DotKernels& avx512vnni_kernels() {
+    static const DotKernels k = make_avx512vnni_table();
+    return k;
+}
+
+}  // namespace ds4::quant
