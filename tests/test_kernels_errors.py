@@ -66,7 +66,7 @@ def test_empty_shapes_are_fine():
 def test_simd_path_errors():
     with pytest.raises(InvalidArgumentError, match="unknown SIMD path 'sse9'"):
         core.set_simd_path("sse9")
-    missing = [p for p in ("scalar", "avx2", "avx512", "neon") if p not in core.simd_paths()]
+    missing = [p for p in ("scalar", "avx2", "avx512", "avx512vnni", "neon") if p not in core.simd_paths()]
     assert missing, "no CPU has both x86 and arm paths"
     with pytest.raises(UnsupportedModelError, match="not available"):
         core.set_simd_path(missing[0])
@@ -81,7 +81,7 @@ def test_misaligned_weights_give_identical_results():
         np.testing.assert_array_equal(core.matvec(int(Q.Q4_K), shifted, (512, 5), x).view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("request_path", ["scalar", "avx2", "avx512", "neon", "bogus"])
+@pytest.mark.parametrize("request_path", ["scalar", "avx2", "avx512", "avx512vnni", "neon", "bogus"])
 def test_ds4_simd_env_selects_the_initial_path(request_path):
     import os
     import subprocess

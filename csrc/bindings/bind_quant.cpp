@@ -101,10 +101,11 @@ std::vector<uint8_t> quantize_rows(ds4::GgmlType t, const float* x, int64_t nrow
 }
 
 ds4::SimdPath path_from_name(const std::string& name) {
-    for (ds4::SimdPath p : {ds4::SimdPath::Scalar, ds4::SimdPath::AVX2, ds4::SimdPath::AVX512, ds4::SimdPath::NEON}) {
+    for (ds4::SimdPath p : {ds4::SimdPath::Scalar, ds4::SimdPath::AVX2, ds4::SimdPath::AVX512,
+                            ds4::SimdPath::AVX512VNNI, ds4::SimdPath::NEON}) {
         if (name == ds4::simd_path_name(p)) return p;
     }
-    ds4::fail(ds4::ErrorKind::InvalidArgument, "unknown SIMD path '" + name + "' (scalar, avx2, avx512, neon)");
+    ds4::fail(ds4::ErrorKind::InvalidArgument, "unknown SIMD path '" + name + "' (scalar, avx2, avx512, avx512vnni, neon)");
 }
 
 }  // namespace

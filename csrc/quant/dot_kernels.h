@@ -1,5 +1,5 @@
 // One table of row-dot kernels per SIMD path. simd.cpp picks the table at run time; each
-// per-ISA file (dot_avx2.cpp, dot_avx512.cpp, dot_neon.cpp) fills the entries it accelerates and
+// per-ISA file (dot_avx2.cpp, dot_avx512.cpp, dot_avx512vnni.cpp, dot_neon.cpp) fills the entries it accelerates and
 // leaves the rest to the scalar reference kernels (dot_scalar.cpp).
 //
 // Each kernel computes one row: w points at row_bytes(type, n) bytes, xq at the activation that
@@ -36,6 +36,7 @@ const DotKernels& scalar_kernels();
 #if defined(DS4_ARCH_X86)
 const DotKernels& avx2_kernels();    // dot_avx2.cpp
 const DotKernels& avx512_kernels();  // dot_avx512.cpp
+const DotKernels& avx512vnni_kernels();  // dot_avx512vnni.cpp (bit-identical to avx512)
 #endif
 #if defined(DS4_ARCH_ARM64)
 const DotKernels& neon_kernels();    // dot_neon.cpp

@@ -73,11 +73,12 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
                     float* y, ThreadPool* pool = nullptr);
 
 // ---- SIMD path selection (run time) ----
-enum class SimdPath { Scalar = 0, AVX2 = 1, AVX512 = 2, NEON = 3 };
+// AVX512VNNI: the AVX-512 kernels with VNNI integer dot steps, bit-identical to AVX512.
+enum class SimdPath { Scalar = 0, AVX2 = 1, AVX512 = 2, NEON = 3, AVX512VNNI = 4 };
 std::vector<SimdPath> available_simd_paths();              // what this CPU + build can run
 SimdPath simd_path();                                      // currently active
 void set_simd_path(SimdPath p);                            // throws Unsupported if unavailable
 const char* simd_path_name(SimdPath p);
-// Initial choice: env DS4_SIMD=scalar|avx2|avx512|neon if set and available, else the best one.
+// Initial choice: env DS4_SIMD=scalar|avx2|avx512|avx512vnni|neon if set and available, else the best one.
 
 }  // namespace ds4

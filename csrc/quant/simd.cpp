@@ -59,6 +59,8 @@ bool cpu_has(SimdPath p) {
             return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        case SimdPath::AVX512VNNI:
+            return cpu_has(SimdPath::AVX512) && __builtin_cpu_supports("avx512vnni");
 #endif
 #if defined(DS4_ARCH_ARM64) && defined(DS4_HAVE_NEON_KERNELS)
         case SimdPath::NEON: {
@@ -75,6 +77,7 @@ const DotKernels& table_of(SimdPath p) {
 #if defined(DS4_ARCH_X86) && defined(DS4_HAVE_X86_KERNELS)
         case SimdPath::AVX2: return avx2_kernels();
         case SimdPath::AVX512: return avx512_kernels();
+        case SimdPath::AVX512VNNI: return avx512vnni_kernels();
 #endif
 #if defined(DS4_ARCH_ARM64) && defined(DS4_HAVE_NEON_KERNELS)
         case SimdPath::NEON: return neon_kernels();
@@ -123,6 +126,7 @@ const char* simd_path_name(SimdPath p) {
         case SimdPath::Scalar: return "scalar";
         case SimdPath::AVX2: return "avx2";
         case SimdPath::AVX512: return "avx512";
+        case SimdPath::AVX512VNNI: return "avx512vnni";
         case SimdPath::NEON: return "neon";
     }
     return "unknown";
@@ -130,7 +134,7 @@ const char* simd_path_name(SimdPath p) {
 
 std::vector<SimdPath> available_simd_paths() {
     std::vector<SimdPath> out;
-    for (SimdPath p : {SimdPath::Scalar, SimdPath::NEON, SimdPath::AVX2, SimdPath::AVX512}) {
+    for (SimdPath p : {SimdPath::Scalar, SimdPath::NEON, SimdPath::AVX2, SimdPath::AVX512, SimdPath::AVX512VNNI}) {
         if (cpu_has(p)) out.push_back(p);
     }
     return out;
