@@ -84,11 +84,8 @@ float dot_q4_k(const void* w, const void* xq, int64_t n) {
     for (int64_t b = 0; b < n / QK; ++b, wp += sizeof(BlockQ4K), xp += sizeof(BlockQ8K)) {
         const BlockQ4K* x = reinterpret_cast<const BlockQ4K*>(wp);
         const int8_t* q8 = reinterpret_cast<const int8_t*>(xp + 4);
-        const uint8_t* bs = xp + 260;
-        uint8_t sc[8], m[8];
-        for (int k = 0; k < 8; ++k) q4k_scale_min(x->scales, k, &sc[k], &m[k]);
-        int32_t summs = 0;
-        for (int j = 0; j < 16; ++j) summs += (int32_t)(int16_t)load_u16(bs + 2 * j) * m[j / 2];
+        uint8_t sc[8];
+        const int32_t summs = q4k_scales_and_min_sum(x, xp, sc);
         int32_t isum = 0;
         for (int c = 0; c < 4; ++c) {
             const uint8_t* q = x->qs + 32 * c;
@@ -99,10 +96,7 @@ float dot_q4_k(const void* w, const void* xq, int64_t n) {
             }
             isum += sc[2 * c] * lo + sc[2 * c + 1] * hi;
         }
-        const float yd = load_f32(xp);
-        const float d = yd * f16_to_f32(load_u16(&x->d));
-        const float dmin = yd * f16_to_f32(load_u16(&x->dmin));
-        sumf += d * (float)isum - dmin * (float)summs;
+        sumf += q4k_block_value(x, xp, isum, summs);
     }
     return sumf;
 }

@@ -67,4 +67,24 @@ static inline void q4k_scale_min(const uint8_t* s, int k, uint8_t* sc, uint8_t* 
     }
 }
 
+// The per-block parts every Q4_K x Q8_K kernel shares (the integer dot is each kernel's own):
+// the 6-bit sub-block scales, and the exact min term sum_j bsums[j] * m[j/2] (Q8_K bsums[j]
+// covers 16 activations of sub-block j/2).
+static inline int32_t q4k_scales_and_min_sum(const BlockQ4K* x, const uint8_t* q8k_block, uint8_t sc[8]) {
+    uint8_t m[8];
+    for (int k = 0; k < 8; ++k) q4k_scale_min(x->scales, k, &sc[k], &m[k]);
+    int32_t summs = 0;
+    for (int j = 0; j < 16; ++j) summs += (int32_t)(int16_t)load_u16(q8k_block + 260 + 2 * j) * m[j / 2];
+    return summs;
+}
+
+// One block's float contribution d*isum - dmin*summs, with both scales first multiplied by the
+// activation's d (the order every path uses, so results stay bit-identical across paths).
+static inline float q4k_block_value(const BlockQ4K* x, const uint8_t* q8k_block, int32_t isum, int32_t summs) {
+    const float yd = load_f32(q8k_block);
+    const float d = yd * f16_to_f32(load_u16(&x->d));
+    const float dmin = yd * f16_to_f32(load_u16(&x->dmin));
+    return d * (float)isum - dmin * (float)summs;
+}
+
 }  // namespace ds4::quant
