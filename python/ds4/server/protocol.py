@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from json.decoder import scanstring
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..chat import content_text, render, render_completion, think_mode_for_context
 from ..errors import Ds4Error
@@ -455,6 +455,19 @@ def _tool_result_text(v: Any) -> str:
     return content_text(v).replace("</tool_result>", "&lt;/tool_result>")
 
 
+def _require_continuations(req: Request, live: Any, api: str, result_ids: Sequence[str], known: Any,
+                           missing: str) -> None:
+    """Every tool result must answer a call in the same request or one the live session still holds
+    (then the request needs the live state); otherwise 400 with ``missing`` (``{id}`` filled in)."""
+    for rid in result_ids:
+        if rid in known:
+            continue
+        if live is not None and live.has(api, rid):
+            req.requires_live = True
+            continue
+        raise RequestError(400, missing.format(id=rid))
+
+
 def _anthropic_messages(v: Any) -> tuple[list[dict], set[str], list[str]]:
     """Messages, the tool_use ids they contain, and the tool_result ids they answer."""
     if not isinstance(v, list):
@@ -533,14 +546,9 @@ def parse_anthropic(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
     if "messages" not in obj:
         raise RequestError(400, "missing messages")
     messages, call_ids, result_ids = _anthropic_messages(obj["messages"])
-    for rid in result_ids:
-        if rid in call_ids:
-            continue
-        if live is not None and live.has("anthropic", rid):
-            req.requires_live = True
-            continue
-        raise RequestError(400, f"Anthropic continuation state is not available for tool_use_id {rid}; "
-                                "retry by replaying the full messages history")
+    _require_continuations(req, live, "anthropic", result_ids, call_ids,
+                           "Anthropic continuation state is not available for tool_use_id {id}; "
+                           "retry by replaying the full messages history")
     system = _anthropic_system(obj.get("system"))
     if system:
         messages.insert(0, {"role": "system", "content": system})

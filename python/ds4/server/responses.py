@@ -27,6 +27,7 @@ from .protocol import (
     _attach_replay,
     _finish,
     _prepare_live_tail,
+    _require_continuations,
     _str,
     _load,
 )
@@ -193,14 +194,9 @@ def parse_responses(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
         msgs, outputs, seen = [{"role": "user", "content": inp}], [], set()
     else:
         msgs, outputs, seen = _items(inp)
-    for cid in outputs:
-        if cid in seen:
-            continue
-        if live is not None and live.has("responses", cid):
-            req.requires_live = True
-            continue
-        raise RequestError(400, f"Responses continuation state is not available for call_id {cid}; "
-                                "retry by replaying the full input history")
+    _require_continuations(req, live, "responses", outputs, seen,
+                           "Responses continuation state is not available for call_id {id}; "
+                           "retry by replaying the full input history")
     instructions = obj.get("instructions")
     if instructions is not None:
         instructions = _str(instructions)
