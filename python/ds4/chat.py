@@ -45,6 +45,7 @@ __all__ = [
     "tools_prompt",
     "tool_schemas_text",
     "render_tool_calls",
+    "forced_tool_opening",
     "render",
     "render_completion",
     "encode_chat_prompt",
@@ -318,6 +319,13 @@ def render_tool_calls(calls: Iterable[tuple[str, str]], raw_dsml: str | None = N
         out.append("</｜DSML｜invoke>\n")
     out.append("</｜DSML｜tool_calls>")
     return "".join(out)
+
+
+def forced_tool_opening(name: str | None) -> str:
+    """The start of a DSML tool-call block, up to the tool name's opening quote (any tool) or
+    through the whole invoke tag (``name``): written for the model to force a tool call."""
+    head = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="'
+    return head + (f'{_attr_escape(name)}">\n' if name else "")
 
 
 def tool_schemas_text(tools: Sequence[Any] | str | None) -> str:

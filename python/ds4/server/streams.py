@@ -233,7 +233,8 @@ class AnthropicStream:
                 "delta": {"type": "input_json_delta", "partial_json": ev[2]}}))
         return self._close()
 
-    def finish(self, raw: bytes, calls: Sequence[ToolCall], ids: Sequence[str], finish: str, completion: int) -> bool:
+    def finish(self, raw: bytes, calls: Sequence[ToolCall], ids: Sequence[str], finish: str, completion: int,
+               stop_sequence: str | None = None) -> bool:
         if not self.update(raw, final=True):
             return False
         if self.sent_thinking and not self.sent_text and not calls:
@@ -254,7 +255,8 @@ class AnthropicStream:
             self.index += 1
         out += shapes.sse_event("message_delta", {
             "type": "message_delta",
-            "delta": {"stop_reason": shapes.anthropic_stop_reason(finish), "stop_sequence": None},
+            "delta": {"stop_reason": shapes.anthropic_stop_reason(finish, stop_sequence),
+                      "stop_sequence": stop_sequence},
             "usage": {"output_tokens": completion}})
         out += shapes.sse_event("message_stop", {"type": "message_stop"})
         return self.send(out)

@@ -38,10 +38,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..chat import EOS as EOS_TEXT, DsmlTracker, ToolCall, parse_generated
+from ..chat import EOS as EOS_TEXT, THINK_END, THINK_START, DsmlTracker, ToolCall, forced_tool_opening, parse_generated
 from ..errors import Ds4Error
 from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, sample
 from . import shapes
+from .logprobs import chat_logprobs, completion_logprobs, token_logprobs
+from .metrics import JobStats, Metrics
 from .protocol import Request
 from .responses import ResponsesStream, responses_final
 from .streams import AnthropicStream, OpenAIChatStream
@@ -66,9 +68,10 @@ class Sink:
     ``write`` is any callable that sends all bytes or raises OSError. After the first failed write
     the sink is dead and every later send returns False (the worker then stops the job)."""
 
-    def __init__(self, write: Callable[[bytes], Any], cors: bool = False) -> None:
+    def __init__(self, write: Callable[[bytes], Any], cors: bool = False, api: str = "openai") -> None:
         self._write = write
         self.cors = cors
+        self.api = api  # error bodies take this API's shape
         self.headers_sent = False
         self.failed = False
 
@@ -96,8 +99,8 @@ class Sink:
         self.headers_sent = True
         return self.send(head.encode() + body)
 
-    def error(self, status: int, message: str) -> bool:
-        return self.response(status, shapes.error_body(message))
+    def error(self, status: int, message: str, param: str | None = None, code: str | None = None) -> bool:
+        return self.response(status, shapes.error_body(message, self.api, status, param, code))
 
     def sse_headers(self) -> bool:
         if self.headers_sent:
@@ -106,6 +109,9 @@ class Sink:
         head = ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                 + self._cors() + "Connection: close\r\n\r\n")
         return self.send(head.encode())
+
+    def close(self) -> None:
+        """The job is over (nothing more will be sent)."""
 
 
 @dataclass
@@ -120,6 +126,8 @@ class JobResult:
     source: str = "none"
     calls: tuple[ToolCall, ...] = ()
     error: str = ""
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
 
 
 @dataclass
@@ -230,6 +238,10 @@ class _ProgressSession:
         return getattr(self._s, name)
 
 
+class _ClientGone(Exception):
+    """The client of the running job went away (its sink failed): stop the prefill."""
+
+
 class _LiveStateLost(Exception):
     """The request needs live tool state that another request replaced (HTTP 409)."""
 
@@ -274,8 +286,9 @@ class Worker:
     """Owns ``engine``'s single live session (``ctx`` tokens) and executes jobs in order."""
 
     def __init__(self, engine, ctx: int, default_tokens: int, kv_cache=None, tool_memory: ToolMemory | None = None,
-                 trace=None) -> None:
+                 trace=None, metrics: Metrics | None = None) -> None:
         self.engine = engine
+        self.metrics = metrics if metrics is not None else Metrics()
         self.tok = engine.tokenizer
         self.session = engine.session(ctx=ctx)
         self.ctx = ctx
@@ -286,6 +299,7 @@ class Worker:
         self.stopping = False
         self.jobs_started = 0
         self.jobs_done = 0
+        self.running = 0
         self.last_result: JobResult | None = None
         self._queue: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
@@ -299,6 +313,10 @@ class Worker:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="ds4-worker", daemon=True)
         self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
 
     def submit(self, job: Job) -> bool:
         """Queue a job; False when the server is stopping (the caller answers 503)."""
@@ -326,8 +344,18 @@ class Worker:
                     return
                 job = self._queue.popleft()
                 self.jobs_started += 1
+                self.running = 1
             try:
+                if job.sink.failed:  # its client went away while it waited: no abandoned work
+                    self.metrics.cancel()
+                    job.result = JobResult(error="client disconnected before the job started")
+                    continue
                 job.result = self.run_job(job)
+                r = job.result
+                self.metrics.job(JobStats(r.prompt_tokens, r.cached, r.completion, r.prefill_s, r.decode_s,
+                                          r.source))
+                if job.sink.failed:
+                    self.metrics.cancel()
             except Exception as e:  # never let one request kill the worker
                 log.exception("ds4-server: job failed")
                 self.session.reset()
@@ -337,8 +365,10 @@ class Worker:
                     job.sink.send(shapes.sse_error(job.req.api, str(e)))
                 job.result = JobResult(error=str(e))
             finally:
+                self.running = 0
                 self.jobs_done += 1
                 job.done.set()
+                job.sink.close()
 
     def shutdown_store(self) -> None:
         """Save the live state as a "shutdown" checkpoint (disk cache only)."""
@@ -440,7 +470,9 @@ class Worker:
         req, sink = job.req, job.sink
 
         def progress(done: int, total: int) -> None:
-            if not req.stream or sink.failed:
+            if sink.failed:
+                raise _ClientGone()
+            if not req.stream:
                 return
             now = time.monotonic()
             if not sink.headers_sent:
@@ -476,6 +508,13 @@ class Worker:
                 from ..errors import ContextOverflowError
                 raise ContextOverflowError(f"prompt has {len(tokens)} tokens, context is {self.ctx}")
             self._sync(job, tokens, cached, plan)
+        except _ClientGone:
+            # the evaluated prefix is still a valid live state (the session's position is the
+            # tokens done), so the next request can reuse it
+            res.error = "client disconnected during prefill"
+            res.prefill_s = time.monotonic() - t0
+            log.info("ds4-server: %s", res.error)
+            return res
         except Ds4Error as e:
             self.session.reset()
             self._thinking_live = None
@@ -486,6 +525,7 @@ class Worker:
             else:
                 sink.error(500, res.error)
             return res
+        res.prefill_s = time.monotonic() - t0
         if source != "thinking-visible":
             self._thinking_live = None
         if source not in ("responses-visible", "responses-tool-output"):
@@ -500,7 +540,7 @@ class Worker:
                     f"source={source} max_tokens={req.max_tokens}\n--- prompt text\n{req.prompt_text}\n")
 
         self.seq += 1
-        resp_id = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{self.seq}"
+        resp_id = {"anthropic": "msg_"}.get(req.api, "chatcmpl-" if req.kind == "chat" else "cmpl-") + secrets.token_hex(12)
         stream_chat = stream_anth = stream_resp = None
         if req.stream:
             if sink.failed or not sink.sse_headers():
@@ -520,8 +560,9 @@ class Worker:
                 if not stream_chat.start():
                     return res
 
+        t1 = time.monotonic()
         text, finish, completion, err = self._decode(req, sink, resp_id, stream_chat or stream_resp, stream_anth)
-        res.text, res.completion = text, completion
+        res.text, res.completion, res.decode_s = text, completion, time.monotonic() - t1
         usage = shapes.Usage(len(tokens), cached, completion)
 
         content = reasoning = None
@@ -533,6 +574,11 @@ class Worker:
         if req.kind == "chat":
             parsed = parse_generated(final_text, req.thinking)
             content, reasoning = parsed.content, parsed.reasoning
+            if req.thinking and req.prompt_text.endswith(THINK_START) and THINK_END not in final_text:
+                # the reasoning never closed (max_tokens or the context cut it): it is reasoning,
+                # as the stream already said, not content
+                content = ""
+                reasoning = final_text[len(THINK_START):] if final_text.startswith(THINK_START) else final_text
             raw_dsml = parsed.raw_dsml
             if not parsed.ok and req.has_tools and finish != "error":
                 recovered = True
@@ -569,11 +615,13 @@ class Worker:
             else:
                 self.live.clear("anthropic")
 
+        stop_seq = self.last_stop.decode("utf-8", "replace") if self.last_stop is not None else None
+        lps = self.last_logprobs
         if req.stream:
             if stream_resp is not None:
                 stream_resp.finish(text, recovered, calls, ids, finish, usage)
             elif stream_anth is not None:
-                stream_anth.finish(text, calls, ids, finish, completion)
+                stream_anth.finish(text, calls, ids, finish, completion, stop_seq)
             elif stream_chat is not None:
                 stream_chat.finish(text, calls, ids, finish, usage, req.include_usage)
             else:
@@ -585,12 +633,13 @@ class Worker:
             sink.response(200, responses_final(req, content or "", reasoning, calls, ids, finish, usage))
         elif req.api == "anthropic":
             sink.response(200, shapes.anthropic_final(resp_id, req.model, content or "", reasoning, calls, ids,
-                                                      finish, usage))
+                                                      finish, usage, stop_seq))
         elif req.kind == "chat":
             sink.response(200, shapes.chat_final(resp_id, req.model, content or "", reasoning, calls, ids,
-                                                 finish, usage))
+                                                 finish, usage, chat_logprobs(self.tok, lps) if lps is not None else None))
         else:
-            sink.response(200, shapes.completion_final(resp_id, req.model, final_text, finish, usage))
+            sink.response(200, shapes.completion_final(resp_id, req.model, final_text, finish, usage,
+                                                       completion_logprobs(self.tok, lps) if lps is not None else None))
         if calls and self.tools.max_ids <= 0 and req.kind == "chat" and req.api != "responses":
             self._canonicalize(req, content or "", reasoning, calls)
         self._trace(f"--- generated ({completion} tokens, finish={finish}{', error=' + err if err else ''})\n"
@@ -686,8 +735,20 @@ class Worker:
         dsml = DsmlTracker()  # where generation is inside a DSML block (greedy rule, §3.7)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text_str = ""  # append-only decoded view for the tracker
+        # forced tool choice: once the reasoning is closed, the DSML call opening is written for
+        # the model (evaluated, not sampled), so the turn can only continue as that tool call
+        force_pending = tools_live and req.forced_tool is not None
+        forced: collections.deque[int] = collections.deque()
+        self.last_stop: bytes | None = None
+        self.last_logprobs: list | None = [] if req.logprobs else None
 
         while not self.stopping and completion < max_tokens and s.pos < self.ctx:
+            if sink.failed:  # the client went away (streamed or not): stop generating for it
+                finish, err = "error", "client disconnected"
+                break
+            if force_pending and not (req.thinking and thinking.inside):
+                force_pending = False
+                forced.extend(self.tok.encode_rendered(forced_tool_opening(req.forced_tool)))
             in_tool = tools_live and dsml.in_tool
             if (self.kv is not None and not (tools_live and (saw_start or in_tool))
                     and self.kv.continued_target(s.pos)):
@@ -697,7 +758,9 @@ class Worker:
                 temperature, top_k, top_p, min_p = DEFAULT_TEMPERATURE, 0, DEFAULT_TOP_P, DEFAULT_MIN_P
             if in_tool and dsml.greedy:
                 temperature = 0.0
-            token = sample(s.logits, temperature, top_k, top_p, min_p, rng)
+            token = forced.popleft() if forced else sample(s.logits, temperature, top_k, top_p, min_p, rng)
+            if self.last_logprobs is not None and token != eos:
+                self.last_logprobs.append(token_logprobs(s.logits, token, req.top_logprobs))
             if token == eos:
                 finish = "stop"
                 break
@@ -754,6 +817,7 @@ class Worker:
 
             if hit is not None:
                 finish = "stop"
+                self.last_stop = bytes(text[hit[0]:hit[0] + hit[1]])
                 del text[hit[0]:]
                 s.reset()  # the KV holds tokens past the visible end
                 break
