@@ -101,7 +101,7 @@ def test_parse_chat_defaults_and_knobs(tok):
     assert r.prompt_text == render([{"role": "system", "content": "S"}, {"role": "user", "content": "ab"}],
                                    think="high").text
     assert r.prompt == tok.encode_rendered(r.prompt_text)
-    d = parse_chat(json.dumps({"messages": []}), tok, 4096, default_tokens=5)
+    d = parse_chat(json.dumps({"messages": [{"role": "user", "content": "q"}]}), tok, 4096, default_tokens=5)
     assert (d.temperature, d.top_p, d.min_p, d.top_k, d.seed, d.max_tokens, d.model) == \
         (1.0, 1.0, 0.05, 0, 0, 5, "deepseek-v4-flash")
 
@@ -120,20 +120,24 @@ def test_parse_chat_defaults_and_knobs(tok):
     ({"model": "deepseek-reasoner", "reasoning_effort": "none"}, "none"),
 ])
 def test_thinking_controls(tok, extra, think):
-    assert parse_chat(json.dumps({"messages": [], **extra}), tok, 4096).think == think
+    assert parse_chat(json.dumps({"messages": [{"role": "user", "content": "q"}], **extra}), tok, 4096).think == think
 
 
 def test_think_max_with_large_context(tok):
-    assert parse_chat(json.dumps({"messages": [], "reasoning_effort": "max"}), tok, 393216).think == "max"
+    assert parse_chat(json.dumps({"messages": [{"role": "user", "content": "q"}], "reasoning_effort": "max"}), tok, 393216).think == "max"
 
 
 def test_tools_are_rendered_byte_exact(tok):
     raw_fn = '{ "name" : "get",\n  "parameters": {"type":"object"} }'
     body = '{"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "function", "function": ' + raw_fn + \
-           '}, {"name": "bare"}]}'
+           '}, {"type": "function", "function": {"name": "bare"}}]}'
     r = parse_chat(body, tok, 4096)
     assert r.has_tools
     assert (raw_fn + '\n{"name": "bare"}') in r.prompt_text
+    # a tool that is not a function object is refused by name, as OpenAI does
+    with pytest.raises(RequestError) as e:
+        parse_chat(body.replace('{"type": "function", "function": {"name": "bare"}}', '{"name": "bare"}'), tok, 4096)
+    assert e.value.param == "tools[1]"
     off = parse_chat(body[:-1] + ', "tool_choice": "none"}', tok, 4096)
     assert not off.has_tools and "## Tools" not in off.prompt_text
 
@@ -158,8 +162,9 @@ def test_parse_completion_and_errors(tok):
     r = parse_completion('{"prompt": "hi", "think": false}', tok, 4096)
     assert r.kind == "completion" and r.prompt_text.endswith("hi<｜Assistant｜></think>")
     assert "You are a helpful assistant<｜User｜>" in r.prompt_text
-    for body, msg in [('{"prompt": "x", "max_tokens": "a"}', "invalid JSON request"), ("{}", "missing prompt"),
-                      ('{"prompt": "x", "stop": [1]}', "invalid JSON request")]:
+    for body, msg in [('{"prompt": "x", "max_tokens": "a"}', "max_tokens: expected an integer, got a string"),
+                      ("{}", "missing prompt"),
+                      ('{"prompt": "x", "stop": [1]}', "stop: expected a string or an array of strings")]:
         with pytest.raises(RequestError) as e:
             parse_completion(body, tok, 4096)
         assert e.value.status == 400 and e.value.message == msg
@@ -189,8 +194,10 @@ def test_usage_shapes():
     u = shapes.Usage(prompt=10, cached=4, completion=3)
     assert shapes.openai_usage(u) == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
                                       "prompt_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 6}}
-    assert shapes.anthropic_usage(u) == {"input_tokens": 0, "output_tokens": 3, "cache_read_input_tokens": 4,
-                                         "cache_creation_input_tokens": 6}
+    # Anthropic: input + cache_read + cache_creation is the whole prompt; nothing is written under a
+    # client cache_control breakpoint, so the uncached part is input_tokens
+    assert shapes.anthropic_usage(u) == {"input_tokens": 6, "output_tokens": 3, "cache_read_input_tokens": 4,
+                                         "cache_creation_input_tokens": 0}
     assert shapes.openai_usage(shapes.Usage(5, 9, 0))["prompt_tokens_details"] == {"cached_tokens": 5,
                                                                                    "cache_write_tokens": 0}
 
@@ -595,9 +602,11 @@ def test_responses_parse_items(tok):
     ({"model": "x"}, "missing input"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id is not supported; replay full input instead"),
     ({"input": "x", "conversation": "c"}, "conversation is not supported; replay full input instead"),
-    ({"input": "x", "tool_choice": "required"}, "tool_choice=required not supported"),
-    ({"input": "x", "tool_choice": {"type": "function", "name": "f"}}, "forced tool_choice not supported"),
-    ({"input": [{"type": "message", "role": "user", "content": "x", "status": "in_progress"}]}, "invalid JSON request"),
+    ({"input": "x", "tool_choice": "required"}, "tool_choice: forces a tool call but no tools are given"),
+    ({"input": "x", "tool_choice": {"type": "function", "name": "f"}},
+     "tool_choice: names the tool 'f', which is not in tools"),
+    ({"input": [{"type": "message", "role": "user", "content": "x", "status": "bogus"}]},
+     "input[0].status: unknown item status 'bogus'"),
     ({"input": [{"type": "mystery"}]}, "invalid JSON request"),
     ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]},
      "Responses continuation state is not available for call_id call_9; retry by replaying the full input history"),
@@ -688,7 +697,8 @@ def test_parsers_never_crash(tok, body):
         except RequestError as e:
             assert e.status == 400 and e.message
         else:
-            assert r.prompt == tok.encode_rendered(r.prompt_text)
+            if not (parse is parse_completion and isinstance(body.get("prompt"), list)):  # token ids stay as sent
+                assert r.prompt == tok.encode_rendered(r.prompt_text)
             assert r.max_tokens == int(r.max_tokens)
 
 

@@ -46,6 +46,7 @@ from . import shapes
 from .metrics import Metrics
 from .protocol import (
     DEFAULT_MAX_TOKENS,
+    MODEL_ID,
     PromptTooLong,
     RequestError,
     parse_anthropic,
@@ -309,7 +310,7 @@ def _models(request: HTTPRequest, one: bool):
     svc: Service = request.app.state.ds4
     cfg = svc.config
     if _api_of(request.url.path, request.headers) == "anthropic":
-        model = {"type": "model", "id": shapes.MODEL_ID, "display_name": "DeepSeek V4 Flash",
+        model = {"type": "model", "id": MODEL_ID, "display_name": "DeepSeek V4 Flash",
                  "created_at": "2026-01-01T00:00:00Z"}
         obj = model if one else {"data": [model], "has_more": False, "first_id": model["id"], "last_id": model["id"]}
     else:
@@ -323,7 +324,7 @@ async def models(request: HTTPRequest):
 
 
 async def model(request: HTTPRequest):
-    if request.path_params["model_id"] not in (shapes.MODEL_ID, "deepseek-chat", "deepseek-reasoner"):
+    if request.path_params["model_id"] not in (MODEL_ID, "deepseek-chat", "deepseek-reasoner"):
         return _error(_api_of(request.url.path, request.headers), 404,
                       f"The model '{request.path_params['model_id']}' does not exist", "model", "model_not_found")
     return _models(request, True)
