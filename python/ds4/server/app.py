@@ -177,6 +177,12 @@ class Service:
 # ---- helpers ----------------------------------------------------------------------------------------
 
 
+def _route_path(scope) -> str:
+    """The path inside this app (without the prefix it is mounted under)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
 def _api_of(scope_path: str, headers) -> str:
     if scope_path.startswith("/v1/messages") or "anthropic-version" in headers:
         return "anthropic"
@@ -268,7 +274,7 @@ _PARSERS = {
 async def _parse(request: HTTPRequest, parser) -> Any:
     """(Request, None) or (None, error Response)."""
     svc: Service = request.app.state.ds4
-    api = _api_of(request.url.path, request.headers)
+    api = _api_of(_route_path(request.scope), request.headers)
     body = await _read_body(request, svc.config.max_body)
     cfg = svc.config
     try:
@@ -288,7 +294,7 @@ async def _parse(request: HTTPRequest, parser) -> Any:
 
 async def generate(request: HTTPRequest):
     svc: Service = request.app.state.ds4
-    req, err = await _parse(request, _PARSERS[request.url.path])
+    req, err = await _parse(request, _PARSERS[_route_path(request.scope)])
     if err is not None:
         return err
     sink = QueueSink(asyncio.get_running_loop(), req.api)
@@ -309,7 +315,7 @@ async def count_tokens(request: HTTPRequest):
 def _models(request: HTTPRequest, one: bool):
     svc: Service = request.app.state.ds4
     cfg = svc.config
-    if _api_of(request.url.path, request.headers) == "anthropic":
+    if _api_of(_route_path(request.scope), request.headers) == "anthropic":
         model = {"type": "model", "id": MODEL_ID, "display_name": "DeepSeek V4 Flash",
                  "created_at": "2026-01-01T00:00:00Z"}
         obj = model if one else {"data": [model], "has_more": False, "first_id": model["id"], "last_id": model["id"]}
@@ -325,7 +331,7 @@ async def models(request: HTTPRequest):
 
 async def model(request: HTTPRequest):
     if request.path_params["model_id"] not in (MODEL_ID, "deepseek-chat", "deepseek-reasoner"):
-        return _error(_api_of(request.url.path, request.headers), 404,
+        return _error(_api_of(_route_path(request.scope), request.headers), 404,
                       f"The model '{request.path_params['model_id']}' does not exist", "model", "model_not_found")
     return _models(request, True)
 
@@ -366,7 +372,8 @@ class _CountRequests:
         try:
             await self.app(scope, receive, wrapped)
         finally:
-            path = scope["path"] if scope["path"] in self.paths else "other"
+            path = _route_path(scope)
+            path = path if path in self.paths else "other"
             self.metrics.request(path, status[0])
 
 
@@ -378,7 +385,7 @@ class _RequireKey:
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] == "/health" or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or _route_path(scope) == "/health" or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         given = headers.get(b"x-api-key")
@@ -387,13 +394,13 @@ class _RequireKey:
             given = auth[7:].strip()
         if given is not None and secrets.compare_digest(given, self.key):
             return await self.app(scope, receive, send)
-        api = _api_of(scope["path"], {k.decode("latin-1").lower(): v for k, v in headers.items()})
+        api = _api_of(_route_path(scope), {k.decode("latin-1").lower(): v for k, v in headers.items()})
         msg = "missing API key" if given is None else "invalid API key"
         await _error(api, 401, msg)(scope, receive, send)
 
 
 async def _http_error(request: HTTPRequest, exc: HTTPException):
-    api = _api_of(request.url.path, request.headers)
+    api = _api_of(_route_path(request.scope), request.headers)
     msg = {404: "unknown endpoint", 405: f"method {request.method} not allowed for {request.url.path}"}.get(
         exc.status_code, exc.detail)
     resp = _error(api, exc.status_code, msg)

@@ -348,7 +348,7 @@ class Worker:
             try:
                 if job.sink.failed:  # its client went away while it waited: no abandoned work
                     self.metrics.cancel()
-                    job.result = JobResult(error="client disconnected before the job started")
+                    job.result = self.last_result = JobResult(error="client disconnected before the job started")
                     continue
                 job.result = self.run_job(job)
                 r = job.result
@@ -796,7 +796,7 @@ class Worker:
                                                            text[plain_pos:stream_len].decode("utf-8", "replace")))
                     plain_pos = stream_len
             if not ok:
-                finish, err = "error", "client stream write failed"
+                finish, err = "error", "client disconnected"
                 break
 
             if tools_live:
