@@ -95,8 +95,10 @@ def test_app_with_testclient_and_mounted(engine):
 
 
 def test_metrics_prometheus_text(server):
+    done = server.worker.jobs_done
     _ok(server)
     _post(server, "/v1/chat/completions", {"messages": []})
+    _wait(lambda: server.worker.jobs_done > done, "the job to be booked")
     conn = http.client.HTTPConnection(*server.address, timeout=TIMEOUT)
     conn.request("GET", "/metrics")
     r = conn.getresponse()
@@ -121,12 +123,22 @@ def test_metrics_prometheus_text(server):
 def test_metrics_count_live_session_hits(engine):
     with Server(engine, ServerConfig(port=0, ctx=CTX)) as srv:
         body = _chat("A question", max_tokens=2)
+        m = srv.service.metrics
         assert _post(srv, "/v1/chat/completions", body)[0] == 200
-        hits0 = srv.service.metrics.sources.copy()
-        # the same prompt again: the live session holds prompt + 2 tokens, so it is a text/token hit
-        # only if the prompt is a prefix; a different prompt is a cold start (source "none")
-        assert _post(srv, "/v1/chat/completions", _chat("Other", max_tokens=1))[0] == 200
-        assert srv.service.metrics.sources["none"] == hits0["none"] + 1
+        # the response goes out before the worker books the job: wait for the booking
+        _wait(lambda: srv.worker.jobs_done == 1, "the first job to be booked")
+        assert m.sources == {"none": 1}
+    # the booking of cache sources into the hit counters
+    from ds4.server.metrics import JobStats, Metrics
+
+    m = Metrics()
+    for source in ("none", "memory-token", "memory-text", "thinking-visible", "disk-text"):
+        m.job(JobStats(prompt=10, cached=4, completion=5, prefill_s=0.5, decode_s=0.25, source=source))
+    text = m.render(2, 1, 30)
+    assert "ds4_live_session_hits_total 3\n" in text and "ds4_disk_cache_hits_total 1\n" in text
+    assert "ds4_prefill_tokens_total 30\n" in text and "ds4_cached_tokens_total 20\n" in text
+    assert "ds4_prefill_tokens_per_second 12\n" in text and "ds4_decode_tokens_per_second 20\n" in text
+    assert "ds4_queue_depth 2\n" in text and "ds4_live_session_tokens 30\n" in text
 
 
 # ---- HTTP/1.1 behaviour --------------------------------------------------------------------------
