@@ -270,7 +270,7 @@ def test_client_disconnect_stops_generation(engine, stream):
         _wait(lambda: w.jobs_done > done, "the job to end")
         assert time.monotonic() - t0 < 3  # stopped at the next token, not after 400
         r = w.last_result
-        assert r.error == "client disconnected" and 0 < r.completion < 100
+        assert r.error == "client disconnected" and r.completion < 100
         assert srv.service.metrics.cancelled == 1
         w.session = w.session._s
         _ok(srv)

@@ -544,20 +544,24 @@ class Worker:
         stream_chat = stream_anth = stream_resp = None
         if req.stream:
             if sink.failed or not sink.sse_headers():
+                res.error = "client disconnected"
                 return res
             if req.api == "responses":
                 stream_resp = ResponsesStream(sink.send, req)
                 if not stream_resp.start():
+                    res.error = "client disconnected"
                     return res
             elif req.api == "anthropic":
                 stream_anth = AnthropicStream(sink.send, resp_id, req.model, req.thinking, req.has_tools,
                                               lambda: self._new_ids(1, req.api)[0])
                 if not stream_anth.start(usage):
+                    res.error = "client disconnected"
                     return res
             elif req.kind == "chat":
                 stream_chat = OpenAIChatStream(sink.send, resp_id, req.model, req.thinking, req.has_tools,
                                                lambda: self._new_ids(1, req.api)[0])
                 if not stream_chat.start():
+                    res.error = "client disconnected"
                     return res
 
         t1 = time.monotonic()
