@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ds4.chat import ToolCall, render
-from ds4.errors import ContextOverflowError
 from ds4.server import Job, RequestError, Sink, ToolMemory, Worker, parse_anthropic, parse_chat, parse_completion
 from ds4.server.streams import AnthropicStream, OpenAIChatStream
 from ds4.server.textscan import (
@@ -24,8 +22,7 @@ from ds4.server.textscan import (
     utf8_safe_len,
 )
 from ds4.server import shapes
-from ds4.tokenizer import Tokenizer
-from test_tokenizer_fixtures import tiny_vocab
+from server_fakes import ScriptEngine, ScriptSession, script_tokenizer  # noqa: F401
 
 TC = "<｜DSML｜tool_calls>"
 TC_END = "</｜DSML｜tool_calls>"
@@ -33,8 +30,7 @@ TC_END = "</｜DSML｜tool_calls>"
 
 @pytest.fixture(scope="module")
 def tok():
-    tokens, merges, types = tiny_vocab()
-    return Tokenizer(tokens, merges, types)
+    return script_tokenizer()
 
 
 # ---- textscan ----------------------------------------------------------------------------------
@@ -280,58 +276,6 @@ def test_anthropic_stream_projection():
 
 
 # ---- worker with a scripted engine -------------------------------------------------------------
-
-
-class ScriptSession:
-    """Session double: after each sync the logits spell out ``engine.script`` token by token."""
-
-    def __init__(self, engine, ctx):
-        self.engine, self.ctx = engine, ctx
-        self.tokens: list[int] = []
-        self.base = 0
-        self.evaluated = 0  # tokens evaluated by sync/eval (what reuse saves)
-
-    @property
-    def pos(self):
-        return len(self.tokens)
-
-    def sync(self, tokens, progress=None):
-        tokens = list(tokens)
-        if not tokens or len(tokens) >= self.ctx:
-            raise ContextOverflowError("prompt exceeds context")
-        if self.tokens != tokens[: len(self.tokens)]:
-            self.tokens = []
-        self.evaluated += len(tokens) - len(self.tokens)
-        self.tokens = tokens
-        self.base = len(tokens)
-
-    def eval(self, token):
-        self.tokens.append(int(token))
-        self.evaluated += 1
-
-    def reset(self):
-        self.tokens, self.base = [], 0
-
-    @property
-    def logits(self):
-        i = len(self.tokens) - self.base
-        script = self.engine.script
-        nxt = script[i] if i < len(script) else self.engine.tokenizer.eos
-        out = np.full(self.engine.tokenizer.n_vocab, -20.0, dtype=np.float32)
-        out[nxt] = 20.0
-        return out
-
-
-class ScriptEngine:
-    def __init__(self, tokenizer, text=""):
-        self.tokenizer = tokenizer
-        self.set(text)
-
-    def set(self, text, eos=True):
-        self.script = self.tokenizer.encode_rendered(text) + ([self.tokenizer.eos] if eos else [])
-
-    def session(self, ctx):
-        return ScriptSession(self, ctx)
 
 
 def _run_job(worker, req):
