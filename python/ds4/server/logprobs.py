@@ -1,16 +1,15 @@
-"""Log-probabilities of sampled tokens (``logprobs`` / ``top_logprobs``) and their OpenAI shapes.
+"""OpenAI shapes of the sampled tokens' log-probabilities (``logprobs`` / ``top_logprobs``).
 
-Computed from the raw logits the sampler saw (the model's distribution before temperature and
-truncation, as OpenAI reports them), only for requests that ask: a log-softmax over the vocabulary
-costs about a millisecond per token.
+The numbers come from :func:`ds4.sampling.token_logprob` / :func:`ds4.sampling.top_logprobs` on the
+raw logits the sampler saw (the model's distribution before temperature and truncation, as OpenAI
+reports them), only for requests that ask: a log-softmax over the vocabulary per token.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
-import numpy as np
+from ..sampling import token_logprob, top_logprobs
 
 __all__ = ["TokenLogprob", "token_logprobs", "chat_logprobs", "completion_logprobs"]
 
@@ -18,15 +17,8 @@ TokenLogprob = tuple[int, float, list[tuple[int, float]]]  # (token, logprob, [(
 
 
 def token_logprobs(logits, token: int, top: int) -> TokenLogprob:
-    a = np.asarray(logits, dtype=np.float64)
-    m = float(a.max())
-    lse = m + math.log(float(np.exp(a - m).sum()))
-    alts: list[tuple[int, float]] = []
-    if top > 0:
-        idx = np.argpartition(-a, top - 1)[:top]
-        idx = idx[np.lexsort((idx, -a[idx]))]  # most likely first, ties by id
-        alts = [(int(i), float(a[i]) - lse) for i in idx]
-    return int(token), float(a[token]) - lse, alts
+    alts = [(t.id, t.logprob) for t in top_logprobs(logits, top)] if top > 0 else []
+    return int(token), token_logprob(logits, token).logprob, alts
 
 
 def _entry(tok, t: int, lp: float) -> dict:
