@@ -31,7 +31,7 @@ def _positive(name: str):
 
 
 def register(subparsers: Any) -> None:
-    from ..kvcache import add_arguments
+    from ..kvcache_cli import add_arguments
 
     p = subparsers.add_parser("serve", help="run the OpenAI/Anthropic compatible HTTP server",
                               description="Serve a model over HTTP (OpenAI chat/completions, Anthropic "
@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..engine import Engine
-    from ..kvcache import from_args
+    from ..kvcache_cli import from_args
     from ..server import ServerConfig, serve
     from ..testing import default_model_path
 
