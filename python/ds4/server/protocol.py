@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from json.decoder import scanstring
 from typing import Any, Mapping, Sequence
 
-from ..chat import USER as USER_MARK, content_text, render, render_completion, think_mode_for_context
+from ..chat_template import USER as USER_MARK, content_text, render, render_completion, think_mode_for_context
 from ..errors import Ds4Error
 
 __all__ = [
@@ -421,7 +421,7 @@ def render_live_tool_tail(messages: list[dict], start: int, think: str) -> str:
     """What to append to a live session that ends in sampled tool calls (§2.4): EOS closing the
     assistant turn, the messages from ``start`` (assistant turns always with ``<think>`` blocks in
     thinking mode), then the assistant prefix."""
-    from ..chat import ASSISTANT, EOS, THINK_END, THINK_START, USER, render_tool_calls
+    from ..chat_template import ASSISTANT, EOS, THINK_END, THINK_START, USER, render_tool_calls
 
     thinking = think != "none"
     out = [EOS]
@@ -544,14 +544,18 @@ def _check_tool(name: Any, params: Any, where: str, params_key: str) -> str:
     return name
 
 
-def openai_tool_names(tools: Any) -> list[str]:
-    """Chat ``tools``: ``[{"type": "function", "function": {"name", "parameters"}}]``."""
+def _tool_list(tools: Any) -> list:
     if tools is None:
         return []
     if not isinstance(tools, list):
         raise invalid("tools", f"expected an array, got {_json_type(tools)}")
+    return tools
+
+
+def openai_tool_names(tools: Any) -> list[str]:
+    """Chat ``tools``: ``[{"type": "function", "function": {"name", "parameters"}}]``."""
     names = []
-    for i, t in enumerate(tools):
+    for i, t in enumerate(_tool_list(tools)):
         if not isinstance(t, Mapping) or t.get("type", "function") != "function" or not isinstance(
                 t.get("function"), Mapping):
             raise invalid(f"tools[{i}]", 'expected {"type": "function", "function": {...}}')
@@ -801,12 +805,8 @@ def parse_anthropic(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
 def anthropic_tool_names(tools: Any) -> list[str]:
     """Anthropic ``tools``: custom tools need ``name`` and an ``input_schema`` object; typed
     (server / client-defined) tools need a name."""
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise invalid("tools", f"expected an array, got {_json_type(tools)}")
     names = []
-    for i, t in enumerate(tools):
+    for i, t in enumerate(_tool_list(tools)):
         if not isinstance(t, Mapping):
             raise invalid(f"tools[{i}]", f"expected an object, got {_json_type(t)}")
         schema = t.get("input_schema")

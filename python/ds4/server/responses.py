@@ -16,7 +16,8 @@ import secrets
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..chat import ToolCall, content_text
+from ..chat_template import content_text
+from ..dsml import ToolCall
 from . import shapes
 from .protocol import (
     _INVALID,

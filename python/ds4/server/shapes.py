@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..chat import ToolCall
+from ..dsml import ToolCall
 
 __all__ = [
     "MODEL_CREATED",

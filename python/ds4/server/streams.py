@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..chat import ToolCall
+from ..dsml import ToolCall
 from . import shapes
 from .textscan import THINK_END, THINK_START, find_tool_start, text_safe_limit, utf8_safe_len
 from .toolstream import ToolProjection

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..chat import TOOL_SYNTAXES
+from ..dsml import TOOL_SYNTAXES
 
 __all__ = [
     "C_SPACE",

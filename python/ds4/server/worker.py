@@ -38,7 +38,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..chat import EOS as EOS_TEXT, THINK_END, THINK_START, DsmlTracker, ToolCall, forced_tool_opening, parse_generated
+from ..chat_template import EOS as EOS_TEXT, THINK_END, THINK_START, forced_tool_opening
+from ..dsml import DsmlTracker, ToolCall, parse_generated
 from ..errors import Ds4Error
 from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, sample
 from . import shapes
@@ -656,7 +657,7 @@ class Worker:
                             raw_dsml: str | None) -> None:
         """After a Responses turn, remember the transcript a client replaying it will render, at
         the live position (§9.7 responses-visible): the hidden reasoning stays in the KV."""
-        from ..chat import render_tool_calls
+        from ..chat_template import render_tool_calls
 
         if finish in ("error", "length") or not self.session.pos:
             self._responses_live = None
@@ -671,7 +672,7 @@ class Worker:
     def _canonicalize(self, req: Request, content: str, reasoning: str | None, calls) -> None:
         """Without exact DSML replay the next request renders these calls canonically (§8.7):
         make the live state hold that canonical transcript so the next turn reuses it."""
-        from ..chat import render_tool_calls
+        from ..chat_template import render_tool_calls
 
         suffix = ((reasoning or "") + "</think>" if req.thinking else "") + content
         suffix += render_tool_calls([(c.name, c.arguments) for c in calls]) + EOS_TEXT
