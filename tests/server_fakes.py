@@ -51,6 +51,14 @@ class ScriptSession:
     def reset(self):
         self.tokens, self.base = [], 0
 
+    def common_prefix(self, tokens):
+        n = 0
+        for a, b in zip(self.tokens, tokens):
+            if a != b:
+                break
+            n += 1
+        return n
+
     @property
     def logits(self):
         i = len(self.tokens) - self.base

@@ -275,14 +275,6 @@ class LiveBindings:
             return b is not None and b[1] == pos and b[0] == frozenset(ids)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class Worker:
     """Owns ``engine``'s single live session (``ctx`` tokens) and executes jobs in order."""
 
@@ -436,7 +428,7 @@ class Worker:
                 "Responses continuation state is not available; retry by replaying the full input history"
                 if req.api == "responses" else
                 "Anthropic continuation state is not available; retry by replaying the full messages history")
-        if old_pos and _common_prefix(live, req.prompt) == old_pos and len(req.prompt) >= old_pos:
+        if old_pos and len(req.prompt) >= old_pos and self.session.common_prefix(req.prompt) == old_pos:
             return req.prompt, old_pos, "memory-token", None
         tl = self._thinking_live
         if (old_pos and tl is not None and req.kind == "chat" and req.api != "responses" and tl[1] == old_pos
@@ -681,7 +673,7 @@ class Worker:
         live = self.session.tokens
         if live == canonical or self._token_bytes(live) == rendered.encode("utf-8"):
             return
-        common = _common_prefix(live, canonical)
+        common = self.session.common_prefix(canonical)
         if common < len(req.prompt):
             log.info("ds4-server: tool checkpoint canonicalization skipped: common=%d prompt=%d", common,
                      len(req.prompt))
