@@ -54,7 +54,9 @@ from .protocol import (
     parse_completion,
 )
 from .responses import parse_responses
-from .worker import Job, ToolMemory, Worker
+from .sinks import QueueSink
+from .tool_state import ToolMemory
+from .worker import Job, Worker
 
 __all__ = ["ServerConfig", "create_app", "QueueSink", "Service"]
 
@@ -87,57 +89,6 @@ class ServerConfig:
     trace: Any = None  # a text stream: human-readable trace of every request (prompt, output, cache)
     api_key: str | None = None  # required as Bearer token or x-api-key on every endpoint but /health
     max_body: int = MAX_BODY  # bytes; a larger request body is answered 413
-
-
-class QueueSink:
-    """A job's response, written by the worker thread and read by the request's coroutine.
-
-    Items: ``("full", status, body, content_type)`` for a whole response, ``("sse",)`` for the
-    head of an event stream, ``("data", bytes)`` for stream bytes, ``("end",)`` once the job is
-    over. ``cancel()`` (the client went away) makes every later write return False, which is how
-    the worker learns to stop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, api: str = "openai") -> None:
-        self._loop = loop
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self.api = api
-        self.headers_sent = False
-        self.failed = False
-
-    def _put(self, item: tuple, force: bool = False) -> bool:
-        if self.failed and not force:
-            return False
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            self.failed = True
-            return False
-        return True
-
-    def send(self, data: bytes) -> bool:
-        return self._put(("data", data))
-
-    def response(self, status: int, body: bytes = b"", content_type: str | None = "application/json") -> bool:
-        self.headers_sent = True
-        return self._put(("full", status, body, content_type))
-
-    def error(self, status: int, message: str, param: str | None = None, code: str | None = None) -> bool:
-        return self.response(status, shapes.error_body(message, self.api, status, param, code))
-
-    def sse_headers(self) -> bool:
-        if self.headers_sent:
-            return not self.failed
-        self.headers_sent = True
-        return self._put(("sse",))
-
-    def close(self) -> None:
-        self._put(("end",), force=True)
-
-    def cancel(self) -> None:
-        self.failed = True
-
-    async def get(self) -> tuple:
-        return await self._queue.get()
 
 
 class Service:

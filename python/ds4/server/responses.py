@@ -37,7 +37,7 @@ from .protocol import (
 )
 from .streams import Projection
 
-__all__ = ["parse_responses", "responses_final", "ResponsesStream", "responses_usage", "rid"]
+__all__ = ["parse_responses", "responses_final", "ResponsesStream", "ResponsesOutput", "responses_usage", "rid"]
 
 _CALL_TYPES = ("function_call", "custom_tool_call", "local_shell_call", "web_search_call", "tool_search_call",
                "image_generation_call")
@@ -430,3 +430,26 @@ class ResponsesStream:
         kind = {"error": "response.failed", "length": "response.incomplete"}.get(finish, "response.completed")
         return self._emit({"type": kind, "response": _envelope(self.id, self.req.model, self.created, finish,
                                                                output, usage)})
+
+
+class ResponsesOutput:
+    """The worker's output for ``/v1/responses``: the response object, or its ``response.*``
+    events (function calls are sent whole at the end, so no call ids are streamed early)."""
+
+    tool_ids: list[str] = []
+
+    def __init__(self, sink, resp_id: str, req: Request, new_id, tokenizer) -> None:
+        self.sink, self.req = sink, req
+        self.stream = ResponsesStream(sink.send, req) if req.stream else None
+
+    def start(self, usage: shapes.Usage) -> bool:
+        return self.stream.start()
+
+    def update(self, view: bytes) -> bool:
+        return self.stream.update(view)
+
+    def finish(self, t) -> bool:
+        if self.stream is not None:
+            return self.stream.finish(t.text, t.recovered, t.calls, t.ids, t.finish, t.usage)
+        return self.sink.response(200, responses_final(self.req, t.content, t.reasoning, t.calls, t.ids, t.finish,
+                                                       t.usage))

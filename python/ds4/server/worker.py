@@ -22,7 +22,9 @@ differ: every sampled token is evaluated, stop strings match the raw bytes inclu
 thinking mode overrides the sampling knobs, DSML syntax is sampled greedily, a closed tool block
 ends the turn, and continued disk checkpoints are written between tokens.
 
-Each job writes its own response through its :class:`Sink` (the client thread waits).
+Each job's response is shaped by its API's output (:mod:`.api_chat`, :mod:`.api_completions`,
+:mod:`.api_anthropic`, :mod:`.responses`; interface in :mod:`.turn`) and written into the job's sink
+(:mod:`.sinks`); a sink whose client went away stops the job at the next token or prefill chunk.
 """
 
 from __future__ import annotations
@@ -36,18 +38,23 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..chat_template import EOS as EOS_TEXT, THINK_END, THINK_START, forced_tool_opening
 from ..dsml import DsmlTracker, ToolCall, parse_generated
 from ..errors import Ds4Error
 from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, sample
 from . import shapes
-from .logprobs import chat_logprobs, completion_logprobs, token_logprobs
+from .logprobs import token_logprobs
 from .metrics import JobStats, Metrics
 from .protocol import Request
-from .responses import ResponsesStream, responses_final
-from .streams import AnthropicStream, OpenAIChatStream
+from .api_anthropic import AnthropicOutput
+from .api_chat import ChatOutput
+from .api_completions import CompletionOutput
+from .responses import ResponsesOutput
+from .sinks import Sink
+from .tool_state import LiveBindings, ToolMemory
+from .turn import Output, Turn
 from .textscan import (
     ThinkingTracker,
     find_stop,
@@ -62,57 +69,9 @@ log = logging.getLogger("ds4.server")
 
 KEEPALIVE_SECONDS = 5.0  # ": prefill" SSE comments while a long prompt is evaluated
 
-
-class Sink:
-    """Where a job's response goes: a byte writer plus the HTTP framing upstream uses.
-
-    ``write`` is any callable that sends all bytes or raises OSError. After the first failed write
-    the sink is dead and every later send returns False (the worker then stops the job)."""
-
-    def __init__(self, write: Callable[[bytes], Any], cors: bool = False, api: str = "openai") -> None:
-        self._write = write
-        self.cors = cors
-        self.api = api  # error bodies take this API's shape
-        self.headers_sent = False
-        self.failed = False
-
-    def send(self, data: bytes) -> bool:
-        if self.failed:
-            return False
-        try:
-            self._write(data)
-            return True
-        except (OSError, ValueError):
-            self.failed = True
-            return False
-
-    def _cors(self) -> str:
-        return ("Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
-                "Access-Control-Allow-Headers: *\r\n") if self.cors else ""
-
-    def response(self, status: int, body: bytes = b"", content_type: str | None = "application/json") -> bool:
-        reason = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 409: "Conflict",
-                  500: "Internal Server Error"}.get(status, "Error")
-        head = f"HTTP/1.1 {status} {reason}\r\nContent-Length: {len(body)}\r\n"
-        if content_type:
-            head += f"Content-Type: {content_type}\r\n"
-        head += self._cors() + "Connection: close\r\n\r\n"
-        self.headers_sent = True
-        return self.send(head.encode() + body)
-
-    def error(self, status: int, message: str, param: str | None = None, code: str | None = None) -> bool:
-        return self.response(status, shapes.error_body(message, self.api, status, param, code))
-
-    def sse_headers(self) -> bool:
-        if self.headers_sent:
-            return True
-        self.headers_sent = True
-        head = ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                + self._cors() + "Connection: close\r\n\r\n")
-        return self.send(head.encode())
-
-    def close(self) -> None:
-        """The job is over (nothing more will be sent)."""
+# The output of each API (streams and bodies), by Request.api ("completion" for legacy completions)
+_OUTPUTS = {"openai": ChatOutput, "completion": CompletionOutput, "anthropic": AnthropicOutput,
+            "responses": ResponsesOutput}
 
 
 @dataclass
@@ -139,92 +98,6 @@ class Job:
     result: JobResult | None = None
 
 
-class ToolMemory:
-    """Tool-call id -> the exact sampled DSML block (§8.6), LRU-bounded by id count.
-
-    ``fallback(ids) -> {id: dsml bytes}`` is asked for ids not in memory (the disk cache's KTM
-    trailers), so exact replay survives a restart. ``max_ids=0`` disables replay entirely."""
-
-    def __init__(self, max_ids: int = 100000, fallback: Callable[[list[str]], dict] | None = None,
-                 max_bytes: int = 512 * 1024 * 1024) -> None:
-        self.max_ids = max_ids
-        self.max_bytes = max_bytes
-        self.fallback = fallback
-        self._map: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self._blocks: dict[str, int] = {}  # distinct block -> how many ids use it (bytes count once)
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def _drop_oldest(self) -> None:
-        _, block = self._map.popitem(last=False)
-        self._unref(block)
-
-    def _unref(self, block: str) -> None:
-        n = self._blocks[block] - 1
-        if n:
-            self._blocks[block] = n
-        else:
-            del self._blocks[block]
-            self._bytes -= len(block)
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-    def snapshot(self) -> dict[str, bytes]:
-        """All id -> DSML pairs as bytes (for a cache file's KTM trailer)."""
-        with self._lock:
-            return {k: v.encode("utf-8") for k, v in self._map.items()}
-
-    def remember_pairs(self, pairs: dict) -> None:
-        by_block: dict[str, list[str]] = {}
-        for k, v in pairs.items():
-            by_block.setdefault(v.decode("utf-8", "replace") if isinstance(v, bytes) else v, []).append(k)
-        for block, ids in by_block.items():
-            self.remember(ids, block)
-
-    def remember(self, ids: list[str], raw_dsml: str) -> None:
-        if self.max_ids <= 0:
-            return
-        with self._lock:
-            for i in ids:
-                old = self._map.get(i)
-                if old is not None:
-                    self._unref(old)
-                self._map[i] = raw_dsml
-                self._map.move_to_end(i)
-                if raw_dsml not in self._blocks:
-                    self._blocks[raw_dsml] = 0
-                    self._bytes += len(raw_dsml)
-                self._blocks[raw_dsml] += 1
-            while self._map and (len(self._map) > self.max_ids or self._bytes > self.max_bytes):
-                self._drop_oldest()
-
-    def has(self, i: str) -> bool:
-        with self._lock:
-            return i in self._map
-
-    def lookup(self, ids: list[str]) -> str | None:
-        """The block shared by all ``ids`` (all known, all the same block), else None."""
-        if not ids or self.max_ids <= 0:
-            return None
-        if self.fallback is not None:
-            with self._lock:
-                missing = [i for i in ids if i not in self._map]
-            if missing:
-                try:
-                    self.remember_pairs(self.fallback(missing))
-                except Exception as e:  # a disk problem only costs exact replay
-                    log.warning("ds4-server: tool memory restore failed: %s", e)
-        with self._lock:
-            blocks = {self._map.get(i) for i in ids}
-            for i in ids:
-                if i in self._map:
-                    self._map.move_to_end(i)
-        if len(blocks) != 1 or None in blocks:
-            return None
-        return blocks.pop()
-
-
 class _ProgressSession:
     """The live session with a progress callback on every ``sync`` (the disk cache syncs in
     steps and knows nothing about keep-alives)."""
@@ -245,34 +118,6 @@ class _ClientGone(Exception):
 
 class _LiveStateLost(Exception):
     """The request needs live tool state that another request replaced (HTTP 409)."""
-
-
-class LiveBindings:
-    """Tool-call ids of the live session's last turn, per protocol, at the live position (§9.7):
-    a later request answering exactly those calls continues the live KV. Read by client threads
-    while parsing, written by the worker, hence the lock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ids: dict[str, tuple[frozenset[str], int]] = {}
-
-    def remember(self, api: str, ids, pos: int) -> None:
-        with self._lock:
-            self._ids[api] = (frozenset(ids), pos)
-
-    def clear(self, api: str) -> None:
-        with self._lock:
-            self._ids.pop(api, None)
-
-    def has(self, api: str, call_id: str) -> bool:
-        with self._lock:
-            b = self._ids.get(api)
-            return b is not None and call_id in b[0]
-
-    def matches(self, api: str, ids, pos: int) -> bool:
-        with self._lock:
-            b = self._ids.get(api)
-            return b is not None and b[1] == pos and b[0] == frozenset(ids)
 
 
 class Worker:
@@ -534,31 +379,14 @@ class Worker:
 
         self.seq += 1
         resp_id = {"anthropic": "msg_"}.get(req.api, "chatcmpl-" if req.kind == "chat" else "cmpl-") + secrets.token_hex(12)
-        stream_chat = stream_anth = stream_resp = None
-        if req.stream:
-            if sink.failed or not sink.sse_headers():
-                res.error = "client disconnected"
-                return res
-            if req.api == "responses":
-                stream_resp = ResponsesStream(sink.send, req)
-                if not stream_resp.start():
-                    res.error = "client disconnected"
-                    return res
-            elif req.api == "anthropic":
-                stream_anth = AnthropicStream(sink.send, resp_id, req.model, req.thinking, req.has_tools,
-                                              lambda: self._new_ids(1, req.api)[0])
-                if not stream_anth.start(usage):
-                    res.error = "client disconnected"
-                    return res
-            elif req.kind == "chat":
-                stream_chat = OpenAIChatStream(sink.send, resp_id, req.model, req.thinking, req.has_tools,
-                                               lambda: self._new_ids(1, req.api)[0])
-                if not stream_chat.start():
-                    res.error = "client disconnected"
-                    return res
+        output = _OUTPUTS["completion" if req.kind == "completion" else req.api](
+            sink, resp_id, req, lambda: self._new_ids(1, req.api)[0], self.tok)
+        if req.stream and (sink.failed or not sink.sse_headers() or not output.start(usage)):
+            res.error = "client disconnected"
+            return res
 
         t1 = time.monotonic()
-        text, finish, completion, err = self._decode(req, sink, resp_id, stream_chat or stream_resp, stream_anth)
+        text, finish, completion, err = self._decode(req, sink, output)
         res.text, res.completion, res.decode_s = text, completion, time.monotonic() - t1
         usage = shapes.Usage(len(tokens), cached, completion)
 
@@ -583,10 +411,7 @@ class Worker:
                 log.warning("ds4-server: invalid tool call returned as assistant text finish=%s", finish)
             if parsed.tool_calls:
                 calls = parsed.tool_calls
-                live = (stream_chat or stream_anth).tool_ids if (stream_chat or stream_anth) else []
-                if req.api == "responses":
-                    live = []
-                ids = list(live[:len(calls)])  # ids already sent while the calls streamed
+                ids = list(output.tool_ids[:len(calls)])  # ids already sent while the calls streamed
                 ids += self._new_ids(len(calls) - len(ids), req.api)
                 if parsed.raw_dsml:
                     self.tools.remember(ids, parsed.raw_dsml)
@@ -613,30 +438,8 @@ class Worker:
                 self.live.clear("anthropic")
 
         stop_seq = self.last_stop.decode("utf-8", "replace") if self.last_stop is not None else None
-        lps = self.last_logprobs
-        if req.stream:
-            if stream_resp is not None:
-                stream_resp.finish(text, recovered, calls, ids, finish, usage)
-            elif stream_anth is not None:
-                stream_anth.finish(text, calls, ids, finish, completion, stop_seq)
-            elif stream_chat is not None:
-                stream_chat.finish(text, calls, ids, finish, usage, req.include_usage)
-            else:
-                out = shapes.completion_chunk(resp_id, req.model, "", finish)
-                if req.include_usage:
-                    out += shapes.usage_chunk(resp_id, req.model, "completion", usage)
-                sink.send(out + b"data: [DONE]\n\n")
-        elif req.api == "responses":
-            sink.response(200, responses_final(req, content or "", reasoning, calls, ids, finish, usage))
-        elif req.api == "anthropic":
-            sink.response(200, shapes.anthropic_final(resp_id, req.model, content or "", reasoning, calls, ids,
-                                                      finish, usage, stop_seq))
-        elif req.kind == "chat":
-            sink.response(200, shapes.chat_final(resp_id, req.model, content or "", reasoning, calls, ids,
-                                                 finish, usage, chat_logprobs(self.tok, lps) if lps is not None else None))
-        else:
-            sink.response(200, shapes.completion_final(resp_id, req.model, final_text, finish, usage,
-                                                       completion_logprobs(self.tok, lps) if lps is not None else None))
+        output.finish(Turn(text, finish, usage, content or "", reasoning, calls, ids, recovered, stop_seq,
+                           self.last_logprobs))
         if calls and self.tools.max_ids <= 0 and req.kind == "chat" and req.api != "responses":
             self._canonicalize(req, content or "", reasoning, calls)
         self._trace(f"--- generated ({completion} tokens, finish={finish}{', error=' + err if err else ''})\n"
@@ -711,7 +514,7 @@ class Worker:
             return req.seed
         return ((int(time.time()) << 32) ^ (self.seq << 1) ^ (id(req) & 0xFFFFFFFF) ^ os.getpid()) & ((1 << 64) - 1)
 
-    def _decode(self, req: Request, sink: Sink, resp_id: str, stream_chat, stream_anth) -> tuple[bytes, str, int, str]:
+    def _decode(self, req: Request, sink: Sink, output: Output) -> tuple[bytes, str, int, str]:
         """The sampling loop (§9.5 step 4-7): returns (raw text, finish, completion tokens, error)."""
         s = self.session
         eos = self.tok.special.eos
@@ -723,7 +526,6 @@ class Worker:
         stops = req.stops
         max_stop = max((len(x) for x in stops), default=0)
         stop_scan_from = 0
-        plain_pos = 0
         tools_live = req.kind == "chat" and req.has_tools
         thinking = ThinkingTracker(req.prompt_text)
         wait_think_close = req.thinking and thinking.inside
@@ -776,23 +578,11 @@ class Worker:
 
             hit = find_stop(stops, text, stop_scan_from)
             stream_len = hit[0] if hit else stop_safe_len(stops, len(text))
-            stream_len = utf8_safe_len(text, plain_pos if stream_chat is None and stream_anth is None else 0,
-                                       min(stream_len, len(text)), hit is not None)
+            stream_len = utf8_safe_len(text, 0, min(stream_len, len(text)), hit is not None)
             if hit is None and max_stop > 1:
                 stop_scan_from = max(len(text) - (max_stop - 1), 0)
 
-            ok = True
-            if req.stream:
-                view = bytes(text[:stream_len])
-                if stream_anth is not None:
-                    ok = stream_anth.update(view)
-                elif stream_chat is not None:
-                    ok = stream_chat.update(view)
-                elif stream_len > plain_pos:
-                    ok = sink.send(shapes.completion_chunk(resp_id, req.model,
-                                                           text[plain_pos:stream_len].decode("utf-8", "replace")))
-                    plain_pos = stream_len
-            if not ok:
+            if req.stream and not output.update(bytes(text[:stream_len])):
                 finish, err = "error", "client disconnected"
                 break
 
@@ -826,7 +616,4 @@ class Worker:
             finish, err = "error", "shutdown requested"
         if tools_live and saw_start and not saw_end and finish != "error":
             finish, err = "error", "unterminated tool call"
-        if req.stream and stream_chat is None and stream_anth is None and len(text) > plain_pos:
-            if not sink.send(shapes.completion_chunk(resp_id, req.model, text[plain_pos:].decode("utf-8", "replace"))):
-                finish = "error"
         return bytes(text), finish, completion, err
