@@ -11,18 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ds4.chat import ToolCall, render
+from ds4.decoding import StopMatcher, ToolBlockWatch
 from ds4.server import Job, RequestError, Sink, ToolMemory, Worker, parse_anthropic, parse_chat, parse_completion
 from ds4.server.streams import AnthropicStream, OpenAIChatStream
 from ds4.server.textscan import (
     ThinkingTracker,
-    find_stop,
-    observe_tool_markers,
-    stop_safe_len,
     text_safe_limit,
     utf8_safe_len,
 )
 from ds4.server import shapes
-from server_fakes import ScriptEngine, ScriptSession, script_tokenizer  # noqa: F401
+from server_fakes import ScriptEngine, script_tokenizer
 
 TC = "<｜DSML｜tool_calls>"
 TC_END = "</｜DSML｜tool_calls>"
@@ -49,19 +47,23 @@ def test_utf8_safe_len_never_splits_a_character(s, data):
     assert utf8_safe_len(raw, 0, limit, final=True) == limit
 
 
-def test_stop_helpers():
-    assert find_stop([b"ab", b"c"], b"xxcab", 0) == (2, 1)  # earliest hit wins
-    assert find_stop([b"ab"], b"ab", 1) is None
-    assert stop_safe_len([b"abc"], 10) == 8 and stop_safe_len([b"a"], 10) == 10 and stop_safe_len([], 3) == 3
-    assert stop_safe_len([b"abcdef"], 2) == 0
+def test_stop_matcher_on_bytes():
+    # the server matches stops on the raw bytes (the same matcher generate uses on text)
+    m = StopMatcher([b"ab", b"c"])
+    assert m.push(b"xxa") == (b"xx", None)  # "a" may begin "ab": held back
+    assert m.push(b"cab") == (b"a", b"c")  # earliest hit wins
+    assert m.released == 3  # the stop starts at byte 3
+    m = StopMatcher([])
+    assert m.push(b"abc") == (b"abc", None) and m.released == 3
 
 
-def test_tool_markers_and_text_limit():
+def test_tool_block_watch_and_text_limit():
     raw = ("Hello \n\n" + TC).encode()
-    assert observe_tool_markers(raw, 0, False, False) == (True, False, False)
-    done = raw + ("x" + TC_END).encode()
-    assert observe_tool_markers(done, 0, False, False) == (True, True, False)
-    assert observe_tool_markers(b"a </tool_calls>", 0, False, False) == (False, False, True)
+    w = ToolBlockWatch(0)
+    assert not w.closed(raw.decode()) and w.opened
+    assert w.closed((raw + ("x" + TC_END).encode()).decode())
+    orphan = ToolBlockWatch(0)
+    assert not orphan.closed("a </tool_calls>") and not orphan.opened  # an end without a start
     # whitespace before a tool marker is never content
     assert text_safe_limit(raw, 0, len(raw), True, False) == len(b"Hello")
     # with tools a trailing '<' (maybe a marker) and trailing whitespace are held back

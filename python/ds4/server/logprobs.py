@@ -1,24 +1,18 @@
 """OpenAI shapes of the sampled tokens' log-probabilities (``logprobs`` / ``top_logprobs``).
 
-The numbers come from :func:`ds4.sampling.token_logprob` / :func:`ds4.sampling.top_logprobs` on the
-raw logits the sampler saw (the model's distribution before temperature and truncation, as OpenAI
-reports them), only for requests that ask: a log-softmax over the vocabulary per token.
+The numbers come from the decode step (:class:`ds4.decoding.TokenPicker`, with
+:func:`ds4.sampling.token_logprob` / :func:`ds4.sampling.top_logprobs`) on the raw logits the
+sampler saw (the model's distribution before temperature and truncation, as OpenAI reports them),
+only for requests that ask: a log-softmax over the vocabulary per token.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from ..sampling import token_logprob, top_logprobs
-
-__all__ = ["TokenLogprob", "token_logprobs", "chat_logprobs", "completion_logprobs"]
+__all__ = ["TokenLogprob", "chat_logprobs", "completion_logprobs"]
 
 TokenLogprob = tuple[int, float, list[tuple[int, float]]]  # (token, logprob, [(alternative, logprob)])
-
-
-def token_logprobs(logits, token: int, top: int) -> TokenLogprob:
-    alts = [(t.id, t.logprob) for t in top_logprobs(logits, top)] if top > 0 else []
-    return int(token), token_logprob(logits, token).logprob, alts
 
 
 def _entry(tok, t: int, lp: float) -> dict:

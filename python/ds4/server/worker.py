@@ -43,9 +43,9 @@ from typing import Any
 from ..chat_template import EOS as EOS_TEXT, THINK_END, THINK_START, forced_tool_opening
 from ..dsml import DsmlTracker, ToolCall, parse_generated
 from ..errors import Ds4Error
-from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, sample
+from ..decoding import StopMatcher, TokenPicker, ToolBlockWatch
+from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng
 from . import shapes
-from .logprobs import token_logprobs
 from .metrics import JobStats, Metrics
 from .protocol import Request
 from .api_anthropic import AnthropicOutput
@@ -55,13 +55,7 @@ from .responses import ResponsesOutput
 from .sinks import Sink
 from .tool_state import LiveBindings, ToolMemory
 from .turn import Output, Turn
-from .textscan import (
-    ThinkingTracker,
-    find_stop,
-    observe_tool_markers,
-    stop_safe_len,
-    utf8_safe_len,
-)
+from .textscan import ThinkingTracker, utf8_safe_len
 
 __all__ = ["Sink", "Job", "JobResult", "Worker", "ToolMemory"]
 
@@ -515,29 +509,35 @@ class Worker:
         return ((int(time.time()) << 32) ^ (self.seq << 1) ^ (id(req) & 0xFFFFFFFF) ^ os.getpid()) & ((1 << 64) - 1)
 
     def _decode(self, req: Request, sink: Sink, output: Output) -> tuple[bytes, str, int, str]:
-        """The sampling loop (§9.5 step 4-7): returns (raw text, finish, completion tokens, error)."""
+        """The sampling loop (§9.5 step 4-7): returns (raw text, finish, completion tokens, error).
+
+        Token choice, stop strings and tool-block detection are the shared decode step
+        (:mod:`ds4.decoding`); what is the server's own: every sampled token is evaluated, stops
+        match the raw bytes (reasoning included), thinking mode overrides the sampling knobs, a
+        forced tool choice writes the call opening once the reasoning is closed, DSML inside
+        reasoning is never a call, and continued disk checkpoints are written between tokens."""
         s = self.session
         eos = self.tok.special.eos
         text = bytearray()
         finish, err = "length", ""
         completion = 0
         max_tokens = max(0, min(req.max_tokens, self.ctx - s.pos))
-        rng = Rng(self._seed(req))
-        stops = req.stops
-        max_stop = max((len(x) for x in stops), default=0)
-        stop_scan_from = 0
+        temperature, top_k, top_p, min_p = req.temperature, req.top_k, req.top_p, req.min_p
+        if req.thinking:  # the official API ignores sampling knobs in thinking mode
+            temperature, top_k, top_p, min_p = DEFAULT_TEMPERATURE, 0, DEFAULT_TOP_P, DEFAULT_MIN_P
         tools_live = req.kind == "chat" and req.has_tools
+        dsml = DsmlTracker() if tools_live else None  # where output is inside a DSML block (greedy rule)
+        picker = TokenPicker(temperature, top_k, top_p, min_p, Rng(self._seed(req)), dsml,
+                             req.top_logprobs if req.logprobs else None)
+        stops = StopMatcher(req.stops)
         thinking = ThinkingTracker(req.prompt_text)
-        wait_think_close = req.thinking and thinking.inside
-        saw_start = saw_end = orphan_logged = False
-        tool_scan_from = 0
-        dsml = DsmlTracker()  # where generation is inside a DSML block (greedy rule, §3.7)
+        # tool blocks count only after the reasoning is closed (DSML inside reasoning is never a call)
+        watch = ToolBlockWatch(0) if tools_live and not (req.thinking and thinking.inside) else None
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text_str = ""  # append-only decoded view for the tracker
+        text_str = ""  # append-only decoded view for the DSML tracker and the block watch
         # forced tool choice: once the reasoning is closed, the DSML call opening is written for
         # the model (evaluated, not sampled), so the turn can only continue as that tool call
         force_pending = tools_live and req.forced_tool is not None
-        forced: collections.deque[int] = collections.deque()
         self.last_stop: bytes | None = None
         self.last_logprobs: list | None = [] if req.logprobs else None
 
@@ -547,22 +547,16 @@ class Worker:
                 break
             if force_pending and not (req.thinking and thinking.inside):
                 force_pending = False
-                forced.extend(self.tok.encode_rendered(forced_tool_opening(req.forced_tool)))
-            in_tool = tools_live and dsml.in_tool
-            if (self.kv is not None and not (tools_live and (saw_start or in_tool))
+                picker.force(self.tok.encode_rendered(forced_tool_opening(req.forced_tool)))
+            if (self.kv is not None and not (tools_live and ((watch is not None and watch.opened) or dsml.in_tool))
                     and self.kv.continued_target(s.pos)):
                 self.kv.maybe_store_continued(s, self.engine, **self._store_kw())
-            temperature, top_k, top_p, min_p = req.temperature, req.top_k, req.top_p, req.min_p
-            if req.thinking:  # the official API ignores sampling knobs in thinking mode
-                temperature, top_k, top_p, min_p = DEFAULT_TEMPERATURE, 0, DEFAULT_TOP_P, DEFAULT_MIN_P
-            if in_tool and dsml.greedy:
-                temperature = 0.0
-            token = forced.popleft() if forced else sample(s.logits, temperature, top_k, top_p, min_p, rng)
-            if self.last_logprobs is not None and token != eos:
-                self.last_logprobs.append(token_logprobs(s.logits, token, req.top_logprobs))
+            token = picker.pick(s.logits)
             if token == eos:
                 finish = "stop"
                 break
+            if self.last_logprobs is not None:
+                self.last_logprobs.append((token, picker.logprob, [(t.id, t.logprob) for t in picker.tops]))
             try:
                 s.eval(token)
             except Ds4Error as e:
@@ -575,45 +569,31 @@ class Worker:
             if tools_live:
                 text_str += decoder.decode(piece)
                 dsml.update(text_str)
+                if req.thinking and thinking.inside:
+                    watch = None
+                elif watch is None:
+                    k = text_str.rfind("</think>")
+                    watch = ToolBlockWatch(k + len("</think>") if k >= 0 else len(text_str))
 
-            hit = find_stop(stops, text, stop_scan_from)
-            stream_len = hit[0] if hit else stop_safe_len(stops, len(text))
-            stream_len = utf8_safe_len(text, 0, min(stream_len, len(text)), hit is not None)
-            if hit is None and max_stop > 1:
-                stop_scan_from = max(len(text) - (max_stop - 1), 0)
-
+            _, matched = stops.push(piece)
+            released = stops.released  # bytes that cannot be the start of a stop string
+            stream_len = utf8_safe_len(text, 0, released, matched is not None)
             if req.stream and not output.update(bytes(text[:stream_len])):
                 finish, err = "error", "client disconnected"
                 break
 
-            if tools_live:
-                if req.thinking and thinking.inside:
-                    wait_think_close = True  # DSML inside reasoning is never executable
-                    tool_scan_from = len(text)
-                else:
-                    if wait_think_close:
-                        k = text.rfind(b"</think>")
-                        tool_scan_from = k + 8 if k >= 0 else len(text)
-                        wait_think_close = False
-                    saw_start, saw_end, orphan = observe_tool_markers(bytes(text), min(tool_scan_from, len(text)),
-                                                                      saw_start, saw_end)
-                    if orphan and not orphan_logged:
-                        orphan_logged = True
-                        log.warning("ds4-server: ignored orphan tool-call end marker after %d tokens", completion)
-                    tool_scan_from = max(tool_scan_from, len(text) - 80)
-
-            if hit is not None:
+            if matched is not None:
                 finish = "stop"
-                self.last_stop = bytes(text[hit[0]:hit[0] + hit[1]])
-                del text[hit[0]:]
+                self.last_stop = matched
+                del text[released:]
                 s.reset()  # the KV holds tokens past the visible end
                 break
-            if tools_live and saw_end:
+            if watch is not None and watch.closed(text_str):
                 finish = "tool_calls"
                 break
 
         if self.stopping and finish != "error":
             finish, err = "error", "shutdown requested"
-        if tools_live and saw_start and not saw_end and finish != "error":
+        if watch is not None and watch.opened and finish not in ("error", "tool_calls"):
             finish, err = "error", "unterminated tool call"
         return bytes(text), finish, completion, err
