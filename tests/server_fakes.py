@@ -14,6 +14,7 @@ import numpy as np
 from ds4.errors import ContextOverflowError
 from ds4.tokenizer import Tokenizer
 from test_tokenizer_fixtures import tiny_vocab
+from ds4.session import common_prefix_len
 
 
 def script_tokenizer() -> Tokenizer:
@@ -51,13 +52,8 @@ class ScriptSession:
     def reset(self):
         self.tokens, self.base = [], 0
 
-    def common_prefix(self, tokens):
-        n = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
+    def common_prefix(self, tokens):  # Session.common_prefix
+        return common_prefix_len(self.tokens, tokens)
 
     @property
     def logits(self):

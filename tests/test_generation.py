@@ -15,6 +15,7 @@ from ds4.errors import ContextOverflowError, InvalidArgumentError
 from ds4.generation import FinishEvent, TokenEvent, build_prompt, generate
 from ds4.tokenizer import Tokenizer, byte_to_unicode
 from test_tokenizer_fixtures import tiny_vocab
+from ds4.session import common_prefix_len
 
 
 class FakeSession:
@@ -40,6 +41,9 @@ class FakeSession:
         for t in tokens[len(self.tokens):]:
             self.eval(t)
         self.base = len(tokens)
+
+    def common_prefix(self, tokens):  # Session.common_prefix
+        return common_prefix_len(self.tokens, tokens)
 
     def eval(self, token):
         if len(self.tokens) >= self.ctx:

@@ -265,14 +265,6 @@ def _prepare_cached(kv_cache, engine, session, prompt, messages, tokens, *, syst
     )
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def generate(
     engine,
     prompt: str | None = None,
@@ -352,8 +344,8 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     tok = engine.tokenizer
     t0 = time.perf_counter() - prepare_seconds  # a disk load counts as prompt time
     if kv_cache is None:
-        live = list(session.tokens)
-        cached = len(live) if _common_prefix(live, prompt_tokens) == len(live) else 0
+        live = session.pos
+        cached = live if live and session.common_prefix(prompt_tokens) == live else 0
         cache_source = "memory" if cached else ""
         _sync(session, prompt_tokens, progress)
     else:

@@ -114,6 +114,11 @@ class _ReferenceSession:
         if progress is not None:
             progress(len(tokens), len(tokens))
 
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        from ..session import common_prefix_len
+
+        return common_prefix_len(self.tokens, tokens)
+
     def eval(self, token: int) -> None:
         if self.pos >= self.ctx:
             raise ContextOverflowError(f"context of {self.ctx} tokens is full")
