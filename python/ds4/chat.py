@@ -1,22 +1,6 @@
-"""DeepSeek V4 chat: the prompt template (:mod:`ds4.chat_template`) and the DSML tool-call parser of
-model output (:mod:`ds4.dsml`), byte-for-byte as upstream (RUNTIME.md §2, §8). This module
-re-exports both.
-
-Two renderers, as upstream has:
-
-* ``render(messages, tools=..., think=..., ctx=...)``: the server's text template (§2.3-§2.6),
-  returning the rendered string and, given a tokenizer, its rendered-chat tokens.
-* ``encode_chat_prompt`` / ``append_message`` / ``append_assistant_prefix``: the engine-level token
-  rendering (§2.2) that the CLI uses, where each text part is BPE-encoded separately.
-
-Messages are OpenAI-style mappings: ``{"role", "content", "reasoning_content" (or "reasoning"),
-"tool_calls": [{"id", "function": {"name", "arguments"}}], "raw_dsml"}``.
-
-Example::
-
-    >>> render([{"role": "user", "content": "Hello"}], think="none").text
-    '<｜begin▁of▁sentence｜><｜User｜>Hello<｜Assistant｜></think>'
-"""
+"""DeepSeek V4 chat, byte-for-byte as upstream (RUNTIME.md §2, §8): the prompt template
+(:mod:`ds4.chat_template`: ``render``, ``render_completion``, the engine-level token rendering) and
+the DSML tool-call parser of model output (:mod:`ds4.dsml`). This module re-exports both."""
 
 from __future__ import annotations
 
