@@ -554,6 +554,10 @@ def test_responses_parse_items(tok):
     ({"input": [{"type": "message", "role": "user", "content": "x", "status": "bogus"}]},
      "input[0].status: unknown item status 'bogus'"),
     ({"input": [{"type": "mystery"}]}, "invalid JSON request"),
+    ({"input": "x", "top_logprobs": 2}, "top_logprobs: logprobs are not returned by /v1/responses "
+                                        "(use /v1/chat/completions)"),
+    ({"input": "x", "text": {"format": {"type": "json_schema"}}},
+     "text.format: only {\"type\": \"text\"} is supported, got 'json_schema'"),
     ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]},
      "Responses continuation state is not available for call_id call_9; retry by replaying the full input history"),
 ])

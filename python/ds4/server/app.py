@@ -178,6 +178,7 @@ class _JobResponse:
                     return
 
         watcher = asyncio.ensure_future(watch())
+        delivered = False  # the whole response went out: a later disconnect cancels nothing
         try:
             item = await sink.get()
             if item[0] == "full":
@@ -187,6 +188,7 @@ class _JobResponse:
                     headers.append((b"content-type", ctype.encode()))
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
+                delivered = True
             elif item[0] == "sse":
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
@@ -197,6 +199,7 @@ class _JobResponse:
                         break
                     await send({"type": "http.response.body", "body": item[1], "more_body": True})
                 await send({"type": "http.response.body", "body": b""})
+                delivered = True
             else:  # the job ended without a response: its client is gone (cancelled while queued)
                 body = shapes.error_body("request cancelled", sink.api, 499)
                 await send({"type": "http.response.start", "status": 499,
@@ -208,7 +211,7 @@ class _JobResponse:
             raise
         finally:
             watcher.cancel()
-            if not self.job.done.is_set():
+            if not delivered:
                 sink.cancel()
 
 

@@ -177,9 +177,14 @@ def parse_responses(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
     for key in ("previous_response_id", "conversation"):
         if obj.get(key) is not None:
             raise RequestError(400, f"{key} is not supported; replay full input instead")
-    sub = {k: obj[k] for k in ("model", "temperature", "top_p", "stream", "max_output_tokens", "max_tokens",
-                               "top_logprobs") if k in obj}
+    sub = {k: obj[k] for k in ("model", "temperature", "top_p", "stream", "max_output_tokens", "max_tokens")
+           if k in obj}
     common = _Common(req, sub)
+    if obj.get("top_logprobs"):
+        raise invalid("top_logprobs", "logprobs are not returned by /v1/responses (use /v1/chat/completions)")
+    fmt = obj.get("text", {}).get("format") if isinstance(obj.get("text"), Mapping) else None
+    if isinstance(fmt, Mapping) and fmt.get("type") not in (None, "text"):
+        raise invalid("text.format", f"only {{\"type\": \"text\"}} is supported, got {fmt.get('type')!r}")
     reasoning = obj.get("reasoning")
     if isinstance(reasoning, Mapping):
         if reasoning.get("effort") is not None:

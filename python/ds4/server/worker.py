@@ -186,7 +186,7 @@ class Worker:
                 r = job.result
                 self.metrics.job(JobStats(r.prompt_tokens, r.cached, r.completion, r.prefill_s, r.decode_s,
                                           r.source))
-                if job.sink.failed:
+                if r.error.startswith("client disconnected"):
                     self.metrics.cancel()
             except Exception as e:  # never let one request kill the worker
                 log.exception("ds4-server: job failed")
