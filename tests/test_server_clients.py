@@ -192,6 +192,11 @@ def test_chat_stop_sequence_and_logprobs(oai, engine):
     assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in lp)
     assert all(abs(t.top_logprobs[1].logprob + 40) < 1e-6 for t in lp)
     assert bytes(lp[0].bytes).decode() == lp[0].token
+    # streamed: the chunks' logprobs add up to the same tokens
+    streamed = [t for chunk in oai.chat.completions.create(model="m", messages=USER, max_tokens=50, logprobs=True,
+                                                           top_logprobs=1, stream=True, extra_body={"thinking": False})
+                for ch in chunk.choices if ch.logprobs and ch.logprobs.content for t in ch.logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in lp] and all(len(t.top_logprobs) == 1 for t in streamed)
 
 
 def test_length_at_the_end_of_the_context(engine):
@@ -219,9 +224,12 @@ def test_completions_text_and_token_ids(oai, engine):
     ids = engine.tokenizer.encode("Tell")
     r2 = oai.completions.create(model="m", prompt=ids, max_tokens=20, extra_body={"think": False})
     assert r2.choices[0].text == "Once more." and r2.usage.prompt_tokens == r.usage.prompt_tokens
-    chunks = list(oai.completions.create(model="m", prompt="Tell", max_tokens=20, stream=True,
+    chunks = list(oai.completions.create(model="m", prompt="Tell", max_tokens=20, stream=True, logprobs=0,
                                          extra_body={"think": False}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "Once more."
+    lps = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert sum((lp.tokens for lp in lps), []) == r.choices[0].logprobs.tokens
+    assert sum((lp.text_offset for lp in lps), []) == r.choices[0].logprobs.text_offset  # absolute offsets
 
 
 # ---- Responses -------------------------------------------------------------------------------------

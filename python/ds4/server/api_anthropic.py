@@ -11,7 +11,7 @@ __all__ = ["AnthropicOutput"]
 
 
 class AnthropicOutput:
-    def __init__(self, sink, resp_id: str, req, new_id, tokenizer) -> None:
+    def __init__(self, sink, resp_id: str, req, new_id, tokenizer, logprobs: list | None = None) -> None:
         self.sink, self.id, self.req = sink, resp_id, req
         self.stream = (AnthropicStream(sink.send, resp_id, req.model, req.thinking, req.has_tools, new_id)
                        if req.stream else None)

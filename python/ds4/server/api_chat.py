@@ -12,10 +12,21 @@ __all__ = ["ChatOutput"]
 
 
 class ChatOutput:
-    def __init__(self, sink, resp_id: str, req, new_id, tokenizer) -> None:
+    def __init__(self, sink, resp_id: str, req, new_id, tokenizer, logprobs: list | None = None) -> None:
         self.sink, self.id, self.req, self.tok = sink, resp_id, req, tokenizer
         self.stream = (OpenAIChatStream(sink.send, resp_id, req.model, req.thinking, req.has_tools, new_id)
                        if req.stream else None)
+        self.logprobs = logprobs  # grows as tokens are generated (None: not asked for)
+        self.lp_sent = 0
+        if self.stream is not None and logprobs is not None:
+            self.stream.take_logprobs = self._take_logprobs
+
+    def _take_logprobs(self) -> dict | None:
+        """The logprobs of the tokens generated since the last chunk that carried some (a chunk's
+        text and its tokens need not line up exactly: text is held back for stop strings)."""
+        new = self.logprobs[self.lp_sent:]
+        self.lp_sent = len(self.logprobs)
+        return chat_logprobs(self.tok, new) if new else None
 
     @property
     def tool_ids(self) -> list[str]:

@@ -26,10 +26,11 @@ def chat_logprobs(tok, items: Sequence[TokenLogprob]) -> dict:
                         for t, lp, alts in items], "refusal": None}
 
 
-def completion_logprobs(tok, items: Sequence[TokenLogprob]) -> dict:
-    """``choices[0].logprobs`` of a legacy completion."""
+def completion_logprobs(tok, items: Sequence[TokenLogprob], start: int = 0) -> dict:
+    """``choices[0].logprobs`` of a legacy completion; ``start``: the text offset of the first
+    item (a stream chunk's tokens continue the previous chunks')."""
     tokens, lps, tops, offsets = [], [], [], []
-    off = 0
+    off = start
     for t, lp, alts in items:
         s = tok.token_to_bytes(t).decode("utf-8", "replace")
         tokens.append(s)

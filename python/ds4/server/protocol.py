@@ -340,8 +340,6 @@ def _unsupported_openai(req: Request, obj: Mapping[str, Any]) -> None:
             if not req.logprobs:
                 raise invalid("top_logprobs", "requires logprobs: true")
             req.top_logprobs = int(v)
-    if req.logprobs and req.stream:
-        raise invalid("logprobs", "logprobs are only returned by non-streaming requests")
 
 
 class _Common:

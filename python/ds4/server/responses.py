@@ -443,7 +443,7 @@ class ResponsesOutput:
 
     tool_ids: list[str] = []
 
-    def __init__(self, sink, resp_id: str, req: Request, new_id, tokenizer) -> None:
+    def __init__(self, sink, resp_id: str, req: Request, new_id, tokenizer, logprobs: list | None = None) -> None:
         self.sink, self.req = sink, req
         self.stream = ResponsesStream(sink.send, req) if req.stream else None
 

@@ -203,14 +203,23 @@ def sse_event(name: str, obj: Any) -> bytes:
     return f"event: {name}\ndata: {dumps(obj)}\n\n".encode()
 
 
-def chat_chunk(resp_id: str, model: str, delta: dict, finish: str | None = None) -> bytes:
+def chat_chunk(resp_id: str, model: str, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> bytes:
+    choice: dict = {"index": 0, "delta": delta}
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
+    choice["finish_reason"] = finish
     return sse_data({"id": resp_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                     "choices": [choice]})
 
 
-def completion_chunk(resp_id: str, model: str, text: str, finish: str | None = None) -> bytes:
+def completion_chunk(resp_id: str, model: str, text: str, finish: str | None = None,
+                     logprobs: dict | None = None) -> bytes:
+    choice: dict = {"text": text, "index": 0}
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
+    choice["finish_reason"] = finish
     return sse_data({"id": resp_id, "object": "text_completion", "created": int(time.time()), "model": model,
-                     "choices": [{"text": text, "index": 0, "finish_reason": finish}]})
+                     "choices": [choice]})
 
 
 def usage_chunk(resp_id: str, model: str, kind: str, usage: Usage) -> bytes:

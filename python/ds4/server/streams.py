@@ -112,6 +112,8 @@ class OpenAIChatStream:
         self.proj = Projection(thinking, has_tools, tools_on_final=True)
         self.new_id = new_id
         self.tool_ids: list[str] = []  # ids already sent for streamed calls, by index
+        # logprobs=true: the logprobs of the tokens generated since the previous text chunk
+        self.take_logprobs: Callable[[], dict | None] = lambda: None
 
     def start(self) -> bool:
         return self.send(shapes.chat_chunk(self.id, self.model, {"role": "assistant"}))
@@ -123,7 +125,8 @@ class OpenAIChatStream:
                     return False
             elif data and kind in ("reasoning", "content"):
                 field = "reasoning_content" if kind == "reasoning" else "content"
-                if not self.send(shapes.chat_chunk(self.id, self.model, {field: _text(data)})):
+                if not self.send(shapes.chat_chunk(self.id, self.model, {field: _text(data)},
+                                                   logprobs=self.take_logprobs())):
                     return False
         return True
 
@@ -149,7 +152,7 @@ class OpenAIChatStream:
         if calls and not (self.proj.tool is not None and self.proj.tool.emitted_any):
             out += shapes.chat_chunk(self.id, self.model,
                                      {"tool_calls": shapes.openai_tool_calls(calls, ids, self.id, deltas=True)})
-        out += shapes.chat_chunk(self.id, self.model, {}, finish)
+        out += shapes.chat_chunk(self.id, self.model, {}, finish, logprobs=self.take_logprobs())
         if include_usage:
             out += shapes.usage_chunk(self.id, self.model, "chat", usage)
         out += b"data: [DONE]\n\n"

@@ -373,8 +373,9 @@ class Worker:
 
         self.seq += 1
         resp_id = {"anthropic": "msg_"}.get(req.api, "chatcmpl-" if req.kind == "chat" else "cmpl-") + secrets.token_hex(12)
+        self.last_logprobs = [] if req.logprobs else None  # filled by the decode loop, read by the output
         output = _OUTPUTS["completion" if req.kind == "completion" else req.api](
-            sink, resp_id, req, lambda: self._new_ids(1, req.api)[0], self.tok)
+            sink, resp_id, req, lambda: self._new_ids(1, req.api)[0], self.tok, self.last_logprobs)
         if req.stream and (sink.failed or not sink.sse_headers() or not output.start(usage)):
             res.error = "client disconnected"
             return res
@@ -539,7 +540,6 @@ class Worker:
         # the model (evaluated, not sampled), so the turn can only continue as that tool call
         force_pending = tools_live and req.forced_tool is not None
         self.last_stop: bytes | None = None
-        self.last_logprobs: list | None = [] if req.logprobs else None
 
         while not self.stopping and completion < max_tokens and s.pos < self.ctx:
             if sink.failed:  # the client went away (streamed or not): stop generating for it
