@@ -199,6 +199,24 @@ def test_chat_stop_sequence_and_logprobs(oai, engine):
     assert [t.token for t in streamed] == [t.token for t in lp] and all(len(t.top_logprobs) == 1 for t in streamed)
 
 
+def test_logit_bias_and_penalties(oai, engine):
+    # the script puts logit 20 on its token and -20 elsewhere: a bias of 45 makes "Z" win (25 > 20)
+    engine.set("alpha beta gamma")
+    z = engine.tokenizer.encode("Z")
+    assert len(z) == 1
+    kw = dict(model="m", messages=USER, max_tokens=6, temperature=0, extra_body={"thinking": False},
+              logit_bias={str(z[0]): 45})
+    assert oai.chat.completions.create(**kw).choices[0].message.content == "Z" * 6
+    script = engine.tokenizer.decode
+    # frequency 2: Z scores 25, 23, 21, 19 ... so the script wins from the fourth token on
+    r = oai.chat.completions.create(frequency_penalty=2, **kw).choices[0].message.content
+    assert r == "ZZZ" + script(engine.script[3:6])
+    # presence 2 with a bias of 41: Z scores 21, then 19 for good
+    kw["logit_bias"] = {str(z[0]): 41}
+    r = oai.chat.completions.create(presence_penalty=2, **kw).choices[0].message.content
+    assert r == "Z" + script(engine.script[1:6])
+
+
 def test_length_at_the_end_of_the_context(engine):
     with Server(engine, ServerConfig(port=0, ctx=48)) as srv:
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)

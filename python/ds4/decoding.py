@@ -3,8 +3,9 @@ how the next token is chosen and how the growing output is watched.
 
 * :class:`TokenPicker`: forced tokens first (text the caller writes for the model, e.g. a forced
   tool-call opening), greedy when sampling is off or the DSML recognizer says the next token is
-  protocol syntax (RUNTIME.md §8.3), else the sampler; optionally the chosen token's logprob and
-  the top alternatives;
+  protocol syntax (RUNTIME.md §8.3), else the sampler; optionally OpenAI's ``logit_bias`` and
+  presence / frequency penalties (never on DSML syntax), and the chosen token's logprob and the
+  top alternatives;
 * :class:`StopMatcher`: stop strings over ``str`` or ``bytes``, holding back only what could still
   begin one;
 * :class:`ToolBlockWatch`: whether a complete tool-call block (start and end marker, any syntax)
@@ -19,7 +20,9 @@ Per token everything here is O(new text), never O(output so far).
 from __future__ import annotations
 
 import collections
-from typing import AnyStr, Iterable, Sequence
+from typing import AnyStr, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from .dsml import DsmlTracker
 from .sampling import Rng, argmax, sample, token_logprob, top_logprobs
@@ -35,7 +38,9 @@ class TokenPicker:
     the chosen token's logprob); the last pick's values are in ``logprob`` / ``tops``."""
 
     def __init__(self, temperature: float, top_k: int, top_p: float, min_p: float, rng: Rng | None,
-                 tracker: DsmlTracker | None = None, logprobs: int | None = None) -> None:
+                 tracker: DsmlTracker | None = None, logprobs: int | None = None,
+                 logit_bias: Mapping[int, float] | None = None, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0) -> None:
         self.temperature, self.top_k, self.top_p, self.min_p, self.rng = temperature, top_k, top_p, min_p, rng
         self.plain_greedy = not temperature > 0  # as sample(): NaN and <= 0 are greedy
         self.tracker = tracker
@@ -43,21 +48,42 @@ class TokenPicker:
         self.forced: collections.deque[int] = collections.deque()
         self.logprob: float | None = None
         self.tops: tuple = ()
+        # OpenAI's logit_bias and presence / frequency penalties, as one vector added to the logits
+        # (updated as tokens are picked, so a pick costs one vocabulary-sized add; made on first use)
+        self.presence, self.frequency = float(presence_penalty), float(frequency_penalty)
+        self.adjusts = bool(logit_bias) or bool(self.presence) or bool(self.frequency)
+        self._logit_bias = dict(logit_bias or {})
+        self._bias: np.ndarray | None = None
+        self._seen: set[int] = set()
 
     def force(self, tokens: Iterable[int]) -> None:
         """The next picks are these tokens, whatever the logits say."""
         self.forced.extend(int(t) for t in tokens)
 
+    def _bias_vector(self, n: int) -> np.ndarray:
+        if self._bias is None:
+            self._bias = np.zeros(n, dtype=np.float32)
+            for t, b in self._logit_bias.items():
+                self._bias[t] += b
+        return self._bias
+
     def pick(self, logits) -> int:
+        syntax = self.tracker is not None and self.tracker.greedy  # DSML syntax: no bias, no penalty
+        adjusted = logits
+        if self.adjusts and not syntax:
+            adjusted = np.asarray(logits, dtype=np.float32) + self._bias_vector(len(logits))
         if self.forced:
             token = self.forced.popleft()
-        elif self.plain_greedy or (self.tracker is not None and self.tracker.greedy):
-            token = argmax(logits)
+        elif self.plain_greedy or syntax:
+            token = argmax(adjusted)
         else:
-            token = sample(logits, self.temperature, self.top_k, self.top_p, self.min_p, self.rng)
-        if self.logprobs is not None:
+            token = sample(adjusted, self.temperature, self.top_k, self.top_p, self.min_p, self.rng)
+        if self.logprobs is not None:  # the model's own distribution, as OpenAI reports it
             self.logprob = token_logprob(logits, token).logprob
             self.tops = tuple(top_logprobs(logits, self.logprobs)) if self.logprobs > 0 else ()
+        if self.adjusts:
+            self._bias_vector(len(logits))[token] -= self.frequency + (0.0 if token in self._seen else self.presence)
+            self._seen.add(token)
         return token
 
 

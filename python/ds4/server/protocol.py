@@ -84,8 +84,11 @@ class Request:
     tool_wire: dict = field(default_factory=dict)
     # Forced tool choice: None (the model decides), "" (some tool must be called) or a tool name.
     forced_tool: str | None = None
-    logprobs: bool = False  # return the sampled tokens' log-probabilities (non-streaming only)
+    logprobs: bool = False  # return the sampled tokens' log-probabilities
     top_logprobs: int = 0  # and this many alternatives per position
+    logit_bias: dict = field(default_factory=dict)  # token id -> added to its logit (OpenAI's logit_bias)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def thinking(self) -> bool:
@@ -305,16 +308,19 @@ def _unsupported_openai(req: Request, obj: Mapping[str, Any]) -> None:
     n = obj.get("n")
     if n is not None and _int(n, "n") != 1:
         raise invalid("n", f"only n=1 is supported, got {n}")
-    for key in ("presence_penalty", "frequency_penalty"):
-        v = obj.get(key)
-        if v is not None and _num(v, key) != 0:
-            raise invalid(key, "penalties are not supported (only 0)")
+    req.presence_penalty = _in_range(obj, "presence_penalty", -2, 2) or 0.0
+    req.frequency_penalty = _in_range(obj, "frequency_penalty", -2, 2) or 0.0
     lb = obj.get("logit_bias")
     if lb is not None:
         if not isinstance(lb, Mapping):
             raise invalid("logit_bias", f"expected an object, got {_json_type(lb)}")
-        if lb:
-            raise invalid("logit_bias", "logit_bias is not supported")
+        for k, v in lb.items():
+            if not k.isdigit():
+                raise invalid("logit_bias", f"keys are token ids, got {k!r}")
+            b = _num(v, "logit_bias")
+            if not -100 <= b <= 100:
+                raise invalid("logit_bias", f"the bias of token {k} must be in [-100, 100], got {b:g}")
+            req.logit_bias[int(k)] = b
     rf = obj.get("response_format")
     if rf is not None:
         kind = rf.get("type") if isinstance(rf, Mapping) else None
@@ -489,8 +495,15 @@ def _attach_replay(messages: list[dict], tool_memory) -> None:
                 m["raw_dsml"] = raw
 
 
+def _check_bias_ids(req: Request, tokenizer) -> None:
+    bad = next((t for t in req.logit_bias if t >= tokenizer.n_vocab), None)
+    if bad is not None:
+        raise invalid("logit_bias", f"token id {bad} is outside the vocabulary (0..{tokenizer.n_vocab - 1})")
+
+
 def _finish(req: Request, messages: list[dict], schemas: str, tokenizer, tool_memory=None,
             ctx: int | None = None) -> Request:
+    _check_bias_ids(req, tokenizer)
     _attach_replay(messages, tool_memory)
     try:
         r = render(messages, tools=schemas or None, think=req.think, ctx=None)
@@ -668,6 +681,7 @@ def parse_completion(body: bytes | str, tokenizer, ctx: int, default_tokens: int
     elif not isinstance(p, str):
         raise invalid("prompt", "expected a string, an array of token ids, or an array holding one of them")
     req.think = common.think_mode(req.model, ctx)
+    _check_bias_ids(req, tokenizer)
     try:
         r = render_completion(p, think=req.think)
         if ids is None:
