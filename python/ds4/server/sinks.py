@@ -21,9 +21,8 @@ class Sink:
     ``write`` is any callable that sends all bytes or raises OSError. After the first failed write
     the sink is dead and every later send returns False (the worker then stops the job)."""
 
-    def __init__(self, write: Callable[[bytes], Any], cors: bool = False, api: str = "openai") -> None:
+    def __init__(self, write: Callable[[bytes], Any], api: str = "openai") -> None:
         self._write = write
-        self.cors = cors
         self.api = api  # error bodies take this API's shape
         self.headers_sent = False
         self.failed = False
@@ -38,17 +37,13 @@ class Sink:
             self.failed = True
             return False
 
-    def _cors(self) -> str:
-        return ("Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
-                "Access-Control-Allow-Headers: *\r\n") if self.cors else ""
-
     def response(self, status: int, body: bytes = b"", content_type: str | None = "application/json") -> bool:
         reason = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 409: "Conflict",
                   500: "Internal Server Error"}.get(status, "Error")
         head = f"HTTP/1.1 {status} {reason}\r\nContent-Length: {len(body)}\r\n"
         if content_type:
             head += f"Content-Type: {content_type}\r\n"
-        head += self._cors() + "Connection: close\r\n\r\n"
+        head += "Connection: close\r\n\r\n"
         self.headers_sent = True
         return self.send(head.encode() + body)
 
@@ -59,8 +54,7 @@ class Sink:
         if self.headers_sent:
             return True
         self.headers_sent = True
-        head = ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                + self._cors() + "Connection: close\r\n\r\n")
+        head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n"
         return self.send(head.encode())
 
     def close(self) -> None:
