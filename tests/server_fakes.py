@@ -17,6 +17,15 @@ from test_tokenizer_fixtures import tiny_vocab
 from ds4.session import common_prefix_len
 
 
+def scripted_logits(engine, i: int) -> np.ndarray:
+    """Logits putting all the mass on the ``i``-th scripted token (EOS past the script): 20 on it,
+    -20 on every other id."""
+    nxt = engine.script[i] if i < len(engine.script) else engine.tokenizer.eos
+    out = np.full(engine.tokenizer.n_vocab, -20.0, dtype=np.float32)
+    out[nxt] = 20.0
+    return out
+
+
 def script_tokenizer() -> Tokenizer:
     tokens, merges, types = tiny_vocab()
     return Tokenizer(tokens, merges, types)
@@ -57,12 +66,7 @@ class ScriptSession:
 
     @property
     def logits(self):
-        i = len(self.tokens) - self.base
-        script = self.engine.script
-        nxt = script[i] if i < len(script) else self.engine.tokenizer.eos
-        out = np.full(self.engine.tokenizer.n_vocab, -20.0, dtype=np.float32)
-        out[nxt] = 20.0
-        return out
+        return scripted_logits(self.engine, len(self.tokens) - self.base)
 
 
 class ScriptEngine:

@@ -16,6 +16,7 @@ from ds4.generation import FinishEvent, TokenEvent, build_prompt, generate
 from ds4.tokenizer import Tokenizer, byte_to_unicode
 from test_tokenizer_fixtures import tiny_vocab
 from ds4.session import common_prefix_len
+from server_fakes import scripted_logits
 
 
 class FakeSession:
@@ -53,12 +54,7 @@ class FakeSession:
 
     @property
     def logits(self):
-        i = len(self.tokens) - self.base
-        script = self.engine.script
-        nxt = script[i] if i < len(script) else self.engine.tokenizer.eos
-        out = np.full(self.engine.tokenizer.n_vocab, -20.0, dtype=np.float32)
-        out[nxt] = 20.0
-        return out
+        return scripted_logits(self.engine, len(self.tokens) - self.base)
 
 
 class FakeEngine:
