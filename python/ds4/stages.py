@@ -27,6 +27,7 @@ import collections
 import itertools
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -75,6 +76,7 @@ class StageHost:
         self.engine = Engine(path, threads=threads, prefill_chunk=prefill_chunk, mtp_path=mtp_path,
                              layers=tuple(layers))
         self._sessions: dict[int, Any] = {}
+        self._trace: collections.deque[tuple[int, int, int, float, float]] = collections.deque(maxlen=4096)
 
     def describe(self) -> dict[str, Any]:
         e = self.engine
@@ -89,7 +91,19 @@ class StageHost:
         self._sessions.pop(sid, None)
 
     def forward(self, sid: int, tokens: np.ndarray, pos0: int, hc_in: np.ndarray | None, prefill: bool) -> np.ndarray:
-        return self._sessions[sid].forward(tokens, pos0, hc_in, prefill)
+        t0 = time.monotonic()
+        out = self._sessions[sid].forward(tokens, pos0, hc_in, prefill)
+        self._trace.append((sid, pos0, len(tokens), t0, time.monotonic()))
+        return out
+
+    def trace(self, clear: bool = True) -> list[tuple[int, int, int, float, float]]:
+        """The last forward calls as ``(sid, pos0, n_tokens, start, end)`` in ``time.monotonic()``
+        seconds (one clock for every process of a machine): what the benchmark and the overlap
+        test read to see when each stage worked."""
+        out = list(self._trace)
+        if clear:
+            self._trace.clear()
+        return out
 
     def call(self, sid: int, method: str, *args: Any) -> Any:
         """A stage-session method other than forward (reset, save_payload, load_payload, ...)."""
@@ -279,7 +293,14 @@ class StagedTimeline:
     def last_hidden(self) -> np.ndarray:
         raise UnsupportedModelError("a pipeline keeps the final hidden state on its last stage")
 
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:   # interpreter shutdown, or a remote stage already gone
+            pass
+
     def close(self) -> None:
+        """Free the stage sessions (their KV state); the timeline is unusable afterwards."""
         for link in self._links:
             close = getattr(link, "close", None)
             if close is not None:

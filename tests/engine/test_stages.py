@@ -22,6 +22,8 @@ from ds4.errors import CacheFormatError, InvalidArgumentError
 from ds4.payload import merge_payloads, split_payload, synthetic_payload
 from ds4.stages import LocalLink, Pipeline, StageHost, split_layers
 
+from _lockstep import lockstep as _lockstep
+
 
 def _tokens(n: int, seed: int, vocab: int = 512) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
@@ -30,24 +32,6 @@ def _tokens(n: int, seed: int, vocab: int = 512) -> list[int]:
 @pytest.fixture(scope="module")
 def tiny6_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ds4.testing.write_model(tmp_path_factory.mktemp("tiny6") / "t6.gguf", "tiny6", experts="q2", seed=3)
-
-
-def _lockstep(one, many, prompts, decode: int) -> None:
-    """Drive both sessions through the same prompts (each a sync that may reuse or rebuild) and
-    decode steps; compare logits after every step and payloads after every prompt."""
-    for k, prompt in enumerate(prompts):
-        one.sync(prompt)
-        many.sync(prompt)
-        assert np.array_equal(one.logits, many.logits), f"prompt {k}"
-        assert many.save_payload() == one.save_payload(), f"payload after prompt {k}"
-        for i in range(decode):
-            t = one.argmax()
-            assert many.argmax() == t
-            one.eval(t)
-            many.eval(t)
-            assert np.array_equal(one.logits, many.logits), f"prompt {k} decode step {i}"
-        assert many.save_payload() == one.save_payload(), f"payload after decoding prompt {k}"
-        assert many.tokens == one.tokens
 
 
 @pytest.mark.parametrize("stages", [2, 4])
