@@ -120,3 +120,20 @@ def test_killed_stage_is_reported_and_a_new_pipeline_resumes(local_ray, tiny_pat
 def test_placement_that_cannot_fit_fails_fast(local_ray, tiny_path) -> None:
     with pytest.raises(PipelineError, match="could not place"):
         PipelineEngine(tiny_path, stages=2, cpus_per_stage=2, placement_timeout=3)
+
+
+def test_serve_flags_open_a_pipeline(local_ray, tiny_path, one) -> None:
+    from ds4.cli import build_parser
+    from ds4.commands.serve import _open_engine
+    from ds4.errors import InvalidArgumentError
+
+    args = build_parser().parse_args(["serve", "--pipeline-stages", "2", "-t", "1"])
+    eng = _open_engine(args, tiny_path)
+    try:
+        assert isinstance(eng, PipelineEngine) and eng.ranges == [(0, 2), (2, 4)]
+        got = eng.generate(prompt="Hello", max_tokens=6, temperature=0.0, ctx=128, stream=False)
+        assert got.tokens == one.generate(prompt="Hello", max_tokens=6, temperature=0.0, ctx=128, stream=False).tokens
+    finally:
+        eng.close()
+    with pytest.raises(InvalidArgumentError, match="--ray-address needs"):
+        _open_engine(build_parser().parse_args(["serve", "--ray-address", "auto"]), tiny_path)
