@@ -26,6 +26,8 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import resource
+import socket
 import threading
 import time
 from pathlib import Path
@@ -81,7 +83,8 @@ class StageHost:
     def describe(self) -> dict[str, Any]:
         e = self.engine
         return {"layers": e.layers, "threads": e.threads, "has_mtp": e.has_mtp, "pid": os.getpid(),
-                "decode_weight_bytes": int(e._model.decode_weight_bytes)}
+                "host": socket.gethostname(), "decode_weight_bytes": int(e._model.decode_weight_bytes),
+                "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
     def open(self, sid: int, ctx: int) -> None:
         from . import _core

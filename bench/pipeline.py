@@ -1,0 +1,177 @@
+"""Pipeline stages on one machine: 1 vs 2 vs 4 stages, the cost of the split and of Ray.
+
+For each stage count S (default 1, 2, 4) on the ``small`` synthetic model:
+
+* ``prefill``     tokens/s of a fresh ``sync`` of an N-token prompt, pipelined (the pipeline's
+                  default chunks, about 2 per stage, all in flight) and not (one chunk: each stage
+                  waits for the previous one);
+* ``decode``      tokens/s of ``eval`` after the prompt;
+* ``overhead``    per decode token: wall time minus the stages' own compute (from their traces),
+                  in total and per hop (S + 1 hops: driver -> stage 0 -> ... -> stage S-1 -> driver);
+* S = 1 is the plain :class:`ds4.Engine`; S > 1 runs :class:`ds4.distributed.PipelineEngine` on a
+  local Ray, and the in-process :class:`ds4.stages.Pipeline` (the split without Ray) for decode.
+* ``ray_hop``     the round trip of one Ray actor call carrying an HC state (``hc_dim`` floats) in and
+                  a token id out, and one returning the logits (``n_vocab`` floats).
+
+All stages share this machine's cores, so pipelining cannot add compute here: the figures are the
+overheads to subtract from the multi-machine estimate in docs/distributed.md.
+
+    PYTHONPATH=python python bench/pipeline.py                         # small, 1/2/4 stages
+    PYTHONPATH=python python bench/pipeline.py --model tiny --prompt 128 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "python"))
+
+from _common import add_common_args, machine_info, measure, report  # noqa: E402
+
+
+def _prefill(eng, toks: list[int], ctx: int, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        s = eng.session(ctx=ctx)
+        t = time.perf_counter()
+        s.sync(toks)
+        out.append(len(toks) / (time.perf_counter() - t))
+        del s
+    return out
+
+
+def _decode(eng, toks: list[int], ctx: int, steps: int, actors=None) -> tuple[list[float], list[float]]:
+    """Per-step seconds, and per-step seconds the stages spent computing (from their traces)."""
+    import ray
+    s = eng.session(ctx=ctx)
+    s.sync(toks)
+    if actors:
+        ray.get([a.trace.remote() for a in actors])   # drop the prefill's entries
+    wall = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        s.eval(s.argmax())
+        wall.append(time.perf_counter() - t)
+    compute = [0.0] * steps
+    if actors:
+        for trace in ray.get([a.trace.remote() for a in actors]):
+            for i, (_, _, _, t0, t1) in enumerate(trace[-steps:]):
+                compute[i] += t1 - t0
+    return wall, compute
+
+
+def _ray_hops(hc_dim: int, n_vocab: int, repeats: int) -> tuple[list[float], list[float]]:
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def take(self, x):
+            return int(x.shape[0])
+
+        def give(self, n):
+            return np.zeros(n, np.float32)
+
+    a = Echo.remote()
+    hc = np.ones(hc_dim, np.float32)
+    ray.get(a.take.remote(hc))
+    hop_hc, hop_logits = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(50):
+            ray.get(a.take.remote(hc))
+        hop_hc.append((time.perf_counter() - t) / 50)
+        t = time.perf_counter()
+        for _ in range(50):
+            ray.get(a.give.remote(n_vocab))
+        hop_logits.append((time.perf_counter() - t) / 50)
+    ray.kill(a)
+    return hop_hc, hop_logits
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_args(ap)
+    ap.set_defaults(repeats=3, threads=1)
+    ap.add_argument("--model", default="small", help="ds4.testing preset name or a GGUF path")
+    ap.add_argument("--stages", default="1,2,4")
+    ap.add_argument("--prompt", type=int, default=512, help="prefill prompt length")
+    ap.add_argument("--decode-steps", type=int, default=16)
+    args = ap.parse_args()
+    if args.quick:
+        args.repeats, args.prompt, args.decode_steps = 1, 128, 8
+
+    import ray
+
+    import ds4
+    import ds4.testing
+    from ds4.distributed import PipelineEngine
+    from ds4.stages import Pipeline
+
+    path = Path(args.model) if Path(args.model).exists() else ds4.testing.cached_model(args.model)
+    info = ds4.inspect(path)
+    shape = info.shape
+    toks = np.random.default_rng(0).integers(0, shape.n_vocab, args.prompt).tolist()
+    ctx = args.prompt + args.decode_steps + 8
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    results, rows = [], []
+    load = os.getloadavg()[0]
+
+    for n_stages in [int(x) for x in args.stages.split(",")]:
+        row = {"stages": n_stages}
+        if n_stages == 1:
+            eng = ds4.Engine(path, threads=args.threads)
+            pf = _prefill(eng, toks, ctx, args.repeats)
+            wall, _ = _decode(eng, toks, ctx, args.decode_steps)
+            results += [measure("prefill_1", "tok/s", pf), measure("decode_1", "tok/s", [1 / w for w in wall])]
+            row.update(prefill=results[-2].median, decode=results[-1].median)
+            rows.append(row)
+            del eng
+            continue
+        with PipelineEngine(path, stages=n_stages, threads=args.threads) as eng:
+            pf = _prefill(eng, toks, ctx, args.repeats)
+            eng.prefill_chunk = args.prompt          # one chunk: the stages run one after the other
+            seq = _prefill(eng, toks, ctx, args.repeats)
+            eng.prefill_chunk = 0
+            wall, compute = _decode(eng, toks, ctx, args.decode_steps, eng._actors)
+            over = [w - c for w, c in zip(wall, compute)]
+            rss = [i["max_rss"] for i in ray.get([a.describe.remote() for a in eng._actors])]
+            r = [measure(f"prefill_{n_stages}", "tok/s", pf, chunk=eng.chunk_for(args.prompt)),
+                 measure(f"prefill_{n_stages}_unpipelined", "tok/s", seq),
+                 measure(f"decode_{n_stages}", "tok/s", [1 / w for w in wall]),
+                 measure(f"overhead_{n_stages}_per_token", "ms", [1e3 * o for o in over]),
+                 measure(f"overhead_{n_stages}_per_hop", "ms", [1e3 * o / (n_stages + 1) for o in over]),
+                 measure(f"stage_max_rss_{n_stages}", "MB", [x / 1e6 for x in rss])]
+            results += r
+            row.update(prefill=r[0].median, prefill_seq=r[1].median, decode=r[2].median,
+                       overhead_ms=r[3].median, per_hop_ms=r[4].median, stage_rss_mb=max(x / 1e6 for x in rss))
+        local = Pipeline(path, stages=n_stages, threads=args.threads)
+        lw, _ = _decode(local, toks, ctx, args.decode_steps)
+        results.append(measure(f"decode_{n_stages}_in_process", "tok/s", [1 / w for w in lw]))
+        row["decode_local"] = results[-1].median
+        rows.append(row)
+        del local
+
+    hop_hc, hop_logits = _ray_hops(shape.n_hc * shape.n_embd, shape.n_vocab, args.repeats)
+    results += [measure("ray_hop_hc_state", "ms", [1e3 * x for x in hop_hc], bytes=4 * shape.n_hc * shape.n_embd),
+                measure("ray_hop_logits", "ms", [1e3 * x for x in hop_logits], bytes=4 * shape.n_vocab)]
+    ray.shutdown()
+    machine = machine_info(load_avg_1min_at_start=load, load_avg_1min_at_end=os.getloadavg()[0], model=str(path),
+                           threads_per_stage=args.threads, prompt=args.prompt)
+    report(results, machine, args,
+           ["stages", "prefill", "prefill_seq", "decode", "decode_local", "overhead_ms", "per_hop_ms", "stage_rss_mb"],
+           rows)
+    print(f"ray hop with an HC state in: {results[-2].median:.3f} ms; with logits out: {results[-1].median:.3f} ms")
+    print(f"load average (1 min) at start {load:.1f}, at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
