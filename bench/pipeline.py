@@ -5,7 +5,9 @@ For each stage count S (default 1, 2, 4) on the ``small`` synthetic model:
 * ``prefill``     tokens/s of a fresh ``sync`` of an N-token prompt, pipelined (the pipeline's
                   default chunks, about 2 per stage, all in flight) and not (one chunk: each stage
                   waits for the previous one);
-* ``decode``      tokens/s of ``eval`` after the prompt;
+* ``decode``      tokens/s of ``eval`` after the prompt (and the in-process split's, ``decode_local``,
+                  with its CPU milliseconds per token, ``decode_cpu_ms``: the split's own cost, which
+                  the machine's load does not blur as it blurs wall-clock figures);
 * ``overhead``    per decode token: wall time minus the stages' own compute (from their traces),
                   in total and per hop (S + 1 hops: driver -> stage 0 -> ... -> stage S-1 -> driver);
 * S = 1 is the plain :class:`ds4.Engine`; S > 1 runs :class:`ds4.distributed.PipelineEngine` on a
@@ -37,35 +39,36 @@ sys.path.insert(0, str(HERE.parent / "python"))
 from _common import add_common_args, machine_info, measure, report  # noqa: E402
 
 
-def _prefill(eng, toks: list[int], ctx: int, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        s = eng.session(ctx=ctx)
-        t = time.perf_counter()
-        s.sync(toks)
-        out.append(len(toks) / (time.perf_counter() - t))
-        del s
+def _prefill(eng, toks: list[int], ctx: int) -> tuple[float, float]:
+    """Tokens/s of one fresh sync (wall clock), and the driver process's CPU seconds for it."""
+    s = eng.session(ctx=ctx)
+    t, c = time.perf_counter(), time.process_time()
+    s.sync(toks)
+    out = len(toks) / (time.perf_counter() - t), time.process_time() - c
+    del s
     return out
 
 
-def _decode(eng, toks: list[int], ctx: int, steps: int, actors=None) -> tuple[list[float], list[float]]:
-    """Per-step seconds, and per-step seconds the stages spent computing (from their traces)."""
+def _decode(eng, toks: list[int], ctx: int, steps: int, actors=None) -> tuple[list[float], list[float], list[float]]:
+    """Per-step wall seconds, the stages' compute seconds per step (from their traces) and the
+    driver's CPU seconds per step."""
     import ray
     s = eng.session(ctx=ctx)
     s.sync(toks)
     if actors:
         ray.get([a.trace.remote() for a in actors])   # drop the prefill's entries
-    wall = []
+    wall, cpu = [], []
     for _ in range(steps):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         s.eval(s.argmax())
         wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
     compute = [0.0] * steps
     if actors:
         for trace in ray.get([a.trace.remote() for a in actors]):
             for i, (_, _, _, t0, t1) in enumerate(trace[-steps:]):
                 compute[i] += t1 - t0
-    return wall, compute
+    return wall, compute, cpu
 
 
 def _ray_hops(hc_dim: int, n_vocab: int, repeats: int) -> tuple[list[float], list[float]]:
@@ -124,40 +127,55 @@ def main() -> int:
     results, rows = [], []
     load = os.getloadavg()[0]
 
-    for n_stages in [int(x) for x in args.stages.split(",")]:
-        row = {"stages": n_stages}
-        if n_stages == 1:
-            eng = ds4.Engine(path, threads=args.threads)
-            pf = _prefill(eng, toks, ctx, args.repeats)
-            wall, _ = _decode(eng, toks, ctx, args.decode_steps)
-            results += [measure("prefill_1", "tok/s", pf), measure("decode_1", "tok/s", [1 / w for w in wall])]
-            row.update(prefill=results[-2].median, decode=results[-1].median)
-            rows.append(row)
-            del eng
-            continue
-        with PipelineEngine(path, stages=n_stages, threads=args.threads) as eng:
-            pf = _prefill(eng, toks, ctx, args.repeats)
+    # Every configuration is loaded first and measured in turn within each repeat, so a change of
+    # machine load (this machine is shared) hits them all alike.
+    counts = [int(x) for x in args.stages.split(",")]
+    engines = {n: (ds4.Engine(path, threads=args.threads) if n == 1 else
+                   # all pipelines live at once: each stage reserves a token share of the CPUs
+                   PipelineEngine(path, stages=n, threads=args.threads, cpus_per_stage=0.01)) for n in counts}
+    local = {n: Pipeline(path, stages=n, threads=args.threads) for n in counts if n > 1}
+    samples: dict[str, list[float]] = {}
+
+    def add(name: str, values) -> None:
+        samples.setdefault(name, []).extend(values)
+
+    for _ in range(args.repeats):
+        for n, eng in engines.items():
+            if n == 1:
+                add("prefill_1", [_prefill(eng, toks, ctx)[0]])
+                wall, _, cpu = _decode(eng, toks, ctx, args.decode_steps)
+                add("decode_1", [1 / w for w in wall])
+                add("decode_cpu_ms_1", [1e3 * c for c in cpu])
+                continue
+            add(f"prefill_{n}", [_prefill(eng, toks, ctx)[0]])
             eng.prefill_chunk = args.prompt          # one chunk: the stages run one after the other
-            seq = _prefill(eng, toks, ctx, args.repeats)
+            add(f"prefill_{n}_unpipelined", [_prefill(eng, toks, ctx)[0]])
             eng.prefill_chunk = 0
-            wall, compute = _decode(eng, toks, ctx, args.decode_steps, eng._actors)
-            over = [w - c for w, c in zip(wall, compute)]
-            rss = [i["max_rss"] for i in ray.get([a.describe.remote() for a in eng._actors])]
-            r = [measure(f"prefill_{n_stages}", "tok/s", pf, chunk=eng.chunk_for(args.prompt)),
-                 measure(f"prefill_{n_stages}_unpipelined", "tok/s", seq),
-                 measure(f"decode_{n_stages}", "tok/s", [1 / w for w in wall]),
-                 measure(f"overhead_{n_stages}_per_token", "ms", [1e3 * o for o in over]),
-                 measure(f"overhead_{n_stages}_per_hop", "ms", [1e3 * o / (n_stages + 1) for o in over]),
-                 measure(f"stage_max_rss_{n_stages}", "MB", [x / 1e6 for x in rss])]
-            results += r
-            row.update(prefill=r[0].median, prefill_seq=r[1].median, decode=r[2].median,
-                       overhead_ms=r[3].median, per_hop_ms=r[4].median, stage_rss_mb=max(x / 1e6 for x in rss))
-        local = Pipeline(path, stages=n_stages, threads=args.threads)
-        lw, _ = _decode(local, toks, ctx, args.decode_steps)
-        results.append(measure(f"decode_{n_stages}_in_process", "tok/s", [1 / w for w in lw]))
-        row["decode_local"] = results[-1].median
+            wall, compute, _ = _decode(eng, toks, ctx, args.decode_steps, eng._actors)
+            add(f"decode_{n}", [1 / w for w in wall])
+            add(f"overhead_{n}_per_token", [1e3 * (w - c) for w, c in zip(wall, compute)])
+            add(f"overhead_{n}_per_hop", [1e3 * (w - c) / (n + 1) for w, c in zip(wall, compute)])
+            lw, _, lcpu = _decode(local[n], toks, ctx, args.decode_steps)
+            add(f"decode_{n}_in_process", [1 / w for w in lw])
+            add(f"decode_cpu_ms_{n}_in_process", [1e3 * c for c in lcpu])
+
+    units = {"prefill": "tok/s", "decode": "tok/s", "overhead": "ms", "decode_cpu": "ms"}
+    for name, vals in samples.items():
+        unit = next(u for k, u in sorted(units.items(), key=lambda kv: -len(kv[0])) if name.startswith(k))
+        results.append(measure(name, unit, vals))
+    med = {r.name: r.median for r in results}
+    for n, eng in engines.items():
+        row = {"stages": n, "prefill": med[f"prefill_{n}"], "decode": med[f"decode_{n}"]}
+        if n == 1:
+            row["decode_cpu_ms"] = med["decode_cpu_ms_1"]
+        else:
+            rss = [i["max_rss"] / 1e6 for i in ray.get([a.describe.remote() for a in eng._actors])]
+            results.append(measure(f"stage_max_rss_{n}", "MB", rss, chunk=eng.chunk_for(args.prompt)))
+            row.update(prefill_seq=med[f"prefill_{n}_unpipelined"], decode_local=med[f"decode_{n}_in_process"],
+                       decode_cpu_ms=med[f"decode_cpu_ms_{n}_in_process"], overhead_ms=med[f"overhead_{n}_per_token"],
+                       per_hop_ms=med[f"overhead_{n}_per_hop"], stage_rss_mb=max(rss))
+            eng.close()
         rows.append(row)
-        del local
 
     hop_hc, hop_logits = _ray_hops(shape.n_hc * shape.n_embd, shape.n_vocab, args.repeats)
     results += [measure("ray_hop_hc_state", "ms", [1e3 * x for x in hop_hc], bytes=4 * shape.n_hc * shape.n_embd),
@@ -166,7 +184,8 @@ def main() -> int:
     machine = machine_info(load_avg_1min_at_start=load, load_avg_1min_at_end=os.getloadavg()[0], model=str(path),
                            threads_per_stage=args.threads, prompt=args.prompt)
     report(results, machine, args,
-           ["stages", "prefill", "prefill_seq", "decode", "decode_local", "overhead_ms", "per_hop_ms", "stage_rss_mb"],
+           ["stages", "prefill", "prefill_seq", "decode", "decode_local", "decode_cpu_ms", "overhead_ms", "per_hop_ms",
+            "stage_rss_mb"],
            rows)
     print(f"ray hop with an HC state in: {results[-2].median:.3f} ms; with logits out: {results[-1].median:.3f} ms")
     print(f"load average (1 min) at start {load:.1f}, at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
