@@ -4,7 +4,8 @@ For each stage count S (default 1, 2, 4) on the ``small`` synthetic model:
 
 * ``prefill``     tokens/s of a fresh ``sync`` of an N-token prompt, pipelined (the pipeline's
                   default chunks, about 2 per stage, all in flight) and not (one chunk: each stage
-                  waits for the previous one);
+                  waits for the previous one), with ``busy``: the average number of stages working
+                  (their summed forward time over the wall time);
 * ``decode``      tokens/s of ``eval`` after the prompt (and the in-process split's, ``decode_local``,
                   with its CPU milliseconds per token, ``decode_cpu_ms``: the split's own cost, which
                   the machine's load does not blur as it blurs wall-clock figures);
@@ -39,14 +40,21 @@ sys.path.insert(0, str(HERE.parent / "python"))
 from _common import add_common_args, machine_info, measure, report  # noqa: E402
 
 
-def _prefill(eng, toks: list[int], ctx: int) -> tuple[float, float]:
-    """Tokens/s of one fresh sync (wall clock), and the driver process's CPU seconds for it."""
+def _prefill(eng, toks: list[int], ctx: int, actors=None) -> tuple[float, float]:
+    """Tokens/s of one fresh sync (wall clock), and how many stages were busy on average during it
+    (the stages' summed forward time / wall time, from their traces: 1 when they take turns, up to
+    the stage count when they all work at once; the machine's load does not bias it the way it
+    biases tokens/s)."""
+    import ray
     s = eng.session(ctx=ctx)
-    t, c = time.perf_counter(), time.process_time()
+    if actors:
+        ray.get([a.trace.remote() for a in actors])
+    t = time.perf_counter()
     s.sync(toks)
-    out = len(toks) / (time.perf_counter() - t), time.process_time() - c
+    wall = time.perf_counter() - t
+    busy = sum(t1 - t0 for a in actors or [] for (_, _, _, t0, t1) in ray.get(a.trace.remote()))
     del s
-    return out
+    return len(toks) / wall, busy / wall
 
 
 def _decode(eng, toks: list[int], ctx: int, steps: int, actors=None) -> tuple[list[float], list[float], list[float]]:
@@ -147,9 +155,13 @@ def main() -> int:
                 add("decode_1", [1 / w for w in wall])
                 add("decode_cpu_ms_1", [1e3 * c for c in cpu])
                 continue
-            add(f"prefill_{n}", [_prefill(eng, toks, ctx)[0]])
+            speed, busy = _prefill(eng, toks, ctx, eng._actors)
+            add(f"prefill_{n}", [speed])
+            add(f"prefill_{n}_stages_busy", [busy])
             eng.prefill_chunk = args.prompt          # one chunk: the stages run one after the other
-            add(f"prefill_{n}_unpipelined", [_prefill(eng, toks, ctx)[0]])
+            speed, busy = _prefill(eng, toks, ctx, eng._actors)
+            add(f"prefill_{n}_unpipelined", [speed])
+            add(f"prefill_{n}_unpipelined_stages_busy", [busy])
             eng.prefill_chunk = 0
             wall, compute, _ = _decode(eng, toks, ctx, args.decode_steps, eng._actors)
             add(f"decode_{n}", [1 / w for w in wall])
@@ -161,7 +173,8 @@ def main() -> int:
 
     units = {"prefill": "tok/s", "decode": "tok/s", "overhead": "ms", "decode_cpu": "ms"}
     for name, vals in samples.items():
-        unit = next(u for k, u in sorted(units.items(), key=lambda kv: -len(kv[0])) if name.startswith(k))
+        unit = "stages" if name.endswith("_busy") else next(
+            u for k, u in sorted(units.items(), key=lambda kv: -len(kv[0])) if name.startswith(k))
         results.append(measure(name, unit, vals))
     med = {r.name: r.median for r in results}
     for n, eng in engines.items():
@@ -171,7 +184,8 @@ def main() -> int:
         else:
             rss = [i["max_rss"] / 1e6 for i in ray.get([a.describe.remote() for a in eng._actors])]
             results.append(measure(f"stage_max_rss_{n}", "MB", rss, chunk=eng.chunk_for(args.prompt)))
-            row.update(prefill_seq=med[f"prefill_{n}_unpipelined"], decode_local=med[f"decode_{n}_in_process"],
+            row.update(prefill_seq=med[f"prefill_{n}_unpipelined"], busy=med[f"prefill_{n}_stages_busy"],
+                       busy_seq=med[f"prefill_{n}_unpipelined_stages_busy"], decode_local=med[f"decode_{n}_in_process"],
                        decode_cpu_ms=med[f"decode_cpu_ms_{n}_in_process"], overhead_ms=med[f"overhead_{n}_per_token"],
                        per_hop_ms=med[f"overhead_{n}_per_hop"], stage_rss_mb=max(rss))
             eng.close()
@@ -184,7 +198,7 @@ def main() -> int:
     machine = machine_info(load_avg_1min_at_start=load, load_avg_1min_at_end=os.getloadavg()[0], model=str(path),
                            threads_per_stage=args.threads, prompt=args.prompt)
     report(results, machine, args,
-           ["stages", "prefill", "prefill_seq", "decode", "decode_local", "decode_cpu_ms", "overhead_ms", "per_hop_ms",
+           ["stages", "prefill", "prefill_seq", "busy", "busy_seq", "decode", "decode_local", "decode_cpu_ms", "overhead_ms", "per_hop_ms",
             "stage_rss_mb"],
            rows)
     print(f"ray hop with an HC state in: {results[-2].median:.3f} ms; with logits out: {results[-1].median:.3f} ms")
