@@ -163,15 +163,22 @@ class PipelineEngine(PipelineBase):
                              "PipelineEngine and resume from a saved payload or the disk KV cache")
 
     def _health(self, probe_timeout: float = 10.0) -> str:
-        """Which stages still answer (a short probe of each), for the error message."""
+        """Which stages still answer, for the error message: one probe to each, waited for together
+        at most probe_timeout seconds. A live stage answers after the calls queued before it."""
         ray = _ray()
+        probes = [a.describe.remote() for a in self._actors]
+        ready, _ = ray.wait(probes, num_returns=len(probes), timeout=probe_timeout)
         states = []
-        for k, (a, r) in enumerate(zip(self._actors, self.ranges)):
+        for k, (p, r) in enumerate(zip(probes, self.ranges)):
+            name = f"stage {k} layers [{r[0]}, {r[1]})"
+            if p not in ready:
+                states.append(f"{name} not answering (busy or hung)")
+                continue
             try:
-                ray.get(a.describe.remote(), timeout=probe_timeout)
-                states.append(f"stage {k} layers [{r[0]}, {r[1]}) alive")
+                ray.get(p)
+                states.append(f"{name} alive")
             except Exception as e:
-                states.append(f"stage {k} layers [{r[0]}, {r[1]}) DOWN ({type(e).__name__})")
+                states.append(f"{name} DOWN ({type(e).__name__})")
         return "; ".join(states)
 
     def close(self) -> None:
@@ -189,6 +196,12 @@ class PipelineEngine(PipelineBase):
         try:
             remove_placement_group(self._pg)
         except Exception:
+            pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:   # interpreter shutdown: Ray may already be gone
             pass
 
     def __enter__(self) -> "PipelineEngine":

@@ -83,6 +83,17 @@ def test_prefill_chunks_overlap_across_stages(local_ray, tiny_path, one) -> None
         assert [t[1] for t in first] == [0, 16, 32, 48] == [t[1] for t in second]
         overlapped = [k for k in range(1, 4) if first[k][3] < second[k - 1][4]]
         assert overlapped, (first, second)
+        # A stage that does not answer within the deadline is reported, not waited for; the
+        # session replays on next use once the stages answer again.
+        eng.timeout = 1e-3
+        t0 = time.monotonic()
+        with pytest.raises(PipelineError, match="did not answer within"):
+            s.sync(toks + _tokens(40, 6))
+        assert time.monotonic() - t0 < KILL_REPORT_SECONDS
+        eng.timeout = 60
+        ref.sync(toks + _tokens(40, 6))
+        s.sync(toks + _tokens(40, 6))
+        assert np.array_equal(s.logits, ref.logits) and s.save_payload() == ref.save_payload()
 
 
 def test_killed_stage_is_reported_and_a_new_pipeline_resumes(local_ray, tiny_path, one, tmp_path) -> None:
