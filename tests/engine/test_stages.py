@@ -87,6 +87,16 @@ def test_payloads_cross_between_pipeline_and_engine(tiny_path) -> None:
     assert np.array_equal(one.logits, many.logits) and many.save_payload() == one.save_payload()
 
 
+def test_empty_timeline_payload(tiny_path) -> None:
+    # An empty session writes a payload of no tokens; the pipeline's is the same bytes and loads.
+    one = ds4.Engine(tiny_path, threads=1).session(ctx=64)
+    many = Pipeline(tiny_path, stages=2, threads=1).session(ctx=64)
+    assert many.save_payload() == one.save_payload()
+    many.sync([1, 2, 3])
+    many.restore(one.snapshot())
+    assert many.pos == 0 and many.save_payload() == one.save_payload()
+
+
 def test_bad_payload_leaves_pipeline_unchanged(tiny_path) -> None:
     s = Pipeline(tiny_path, stages=2, threads=1).session(ctx=128)
     s.sync(_tokens(20, 8))
