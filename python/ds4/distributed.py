@@ -30,17 +30,9 @@ import numpy as np
 from .errors import Ds4Error, PipelineError
 from .stages import PipelineBase, StageHost
 
-__all__ = ["PipelineEngine", "ray_available"]
+__all__ = ["PipelineEngine"]
 
 DEFAULT_TIMEOUT = 600.0   # seconds one stage call may take (a 4096-token chunk of Pro on a slow node)
-
-
-def ray_available() -> bool:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _ray() -> Any:

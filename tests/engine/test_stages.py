@@ -212,3 +212,14 @@ def test_split_and_merge_are_inverse(sizes: list[int], n_tokens: int, seed: int)
         bad[52] ^= 1
         with pytest.raises(CacheFormatError, match="out of step"):
             merge_payloads([parts[0], bytes(bad), *parts[2:]], ratios, ranges)
+
+
+def test_pipeline_engine_without_ray_says_how_to_get_it(tiny_path, monkeypatch) -> None:
+    import sys
+
+    from ds4.distributed import PipelineEngine
+    from ds4.errors import PipelineError
+
+    monkeypatch.setitem(sys.modules, "ray", None)   # import ray -> ImportError
+    with pytest.raises(PipelineError, match=r"pip install 'ds4\[distributed\]'"):
+        PipelineEngine(tiny_path, stages=2)
