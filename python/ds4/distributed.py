@@ -44,6 +44,13 @@ def _ray() -> Any:
     return ray
 
 
+class RayStageHost(StageHost):
+    """The stage host as a Ray actor: also says which Ray node it runs on."""
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "node": _ray().get_runtime_context().get_node_id()}
+
+
 class RayLink:
     """One stage session behind a Ray actor: calls return object refs, ``fetch`` waits for them
     with a deadline and turns Ray's failures into ds4 errors."""
@@ -109,7 +116,7 @@ class PipelineEngine(PipelineBase):
             remove_placement_group(self._pg)
             raise PipelineError(f"Ray could not place {n} stages with {bundles[0]} each within {placement_timeout:.0f} s "
                                 f"(cluster has {ray.cluster_resources()})") from None
-        host = ray.remote(StageHost)
+        host = ray.remote(RayStageHost)
         self._actors = [
             host.options(num_cpus=float(cpus_per_stage), max_restarts=0, max_task_retries=0,
                          scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=k))
