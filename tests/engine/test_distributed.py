@@ -148,3 +148,16 @@ def test_serve_flags_open_a_pipeline(local_ray, tiny_path, one) -> None:
         eng.close()
     with pytest.raises(InvalidArgumentError, match="--ray-address needs"):
         _open_engine(build_parser().parse_args(["serve", "--ray-address", "auto"]), tiny_path)
+
+
+def test_first_stage_killed_is_reported(local_ray, tiny_path) -> None:
+    # The last stage then fails on its input (an object ref from a dead actor): still a
+    # PipelineError naming stage 0, within the bound.
+    with PipelineEngine(tiny_path, stages=2, threads=1, timeout=60) as eng:
+        s = eng.session(ctx=64)
+        s.sync([1, 2, 3])
+        os.kill(eng.stage_info[0]["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(PipelineError, match=r"stage 0 layers \[0, 2\) DOWN"):
+            s.eval(4)
+        assert time.monotonic() - t0 < KILL_REPORT_SECONDS
