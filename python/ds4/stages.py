@@ -36,7 +36,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from .errors import CancelledError, ContextOverflowError, InvalidArgumentError, UnsupportedModelError
-from .payload import merge_payloads, split_payload
+from .payload import PAYLOAD_HEADER_BYTES, merge_payloads, read_payload_header, split_payload
 
 __all__ = ["split_layers", "StageHost", "StageLink", "StagedTimeline", "Pipeline"]
 
@@ -275,10 +275,9 @@ class StagedTimeline:
             self._stale = True
             self._has_logits = False
             raise
-        from .payload import read_payload_header
         h = read_payload_header(data)
-        off = 52 + 4 * h.tokens
-        self._tokens = np.frombuffer(bytes(data[52:off]), dtype="<u4").astype(np.int64).tolist()
+        off = PAYLOAD_HEADER_BYTES + 4 * h.tokens
+        self._tokens = np.frombuffer(bytes(data[PAYLOAD_HEADER_BYTES:off]), dtype="<u4").astype(np.int64).tolist()
         self._logits[:] = np.frombuffer(bytes(data[off:off + 4 * h.n_vocab]), dtype="<f4")
         self._has_logits = bool(self._tokens)
         self._stale = False
