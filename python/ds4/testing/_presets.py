@@ -29,12 +29,20 @@ PRESETS: dict[str, ModelShape] = {
         n_hash_layer=3, indexer_heads=16, indexer_head_dim=128, indexer_top_k=64,
         compress_ratios=flash_ratios(8), expert_weights_scale=1.5,
     ),
+    # The peer benchmark's model (bench/llama_peer.py): `small` with a 2048-wide residual and
+    # 256-wide experts, about 1.2 GB (IQ2_XXS + Q2_K experts, Q8_0 dense).
+    "bench": ModelShape(
+        n_layer=8, n_embd=2048, n_vocab=129280, n_head=16, head_dim=512, n_rot=64, n_out_group=4,
+        q_lora_rank=512, o_lora_rank=512, n_expert=64, n_expert_used=6, n_ff_exp=256,
+        n_hash_layer=3, indexer_heads=16, indexer_head_dim=128, indexer_top_k=64,
+        compress_ratios=flash_ratios(8), expert_weights_scale=1.5,
+    ),
     "flash": FLASH,
     "pro": PRO,
 }
 
 # Presets whose vocabulary is the real DeepSeek V4 tokenizer rather than the synthetic byte BPE.
-REAL_VOCAB_PRESETS = frozenset({"small", "flash", "pro"})
+REAL_VOCAB_PRESETS = frozenset({"small", "bench", "flash", "pro"})
 
 
 def preset(name: str) -> ModelShape:

@@ -1,0 +1,54 @@
+"""ds4 side of bench/llama_peer.py: the same measurements as llama_peer_driver.cpp, same JSON.
+
+    python bench/_peer_ds4.py MODEL IDS THREADS CTX PREFILLS DECODE WARMUP
+
+IDS is a file of little-endian int32 ids. WARMUP ids are evaluated first (not timed, like the
+driver's warmup); each prefill length is a prefix of IDS synced on an empty session (the logits of
+its last position come with it); DECODE greedy steps (eval + argmax) continue the first prompt.
+Run as its own process so its peak RSS is ds4's alone (plus the interpreter's).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def main(argv: list[str]) -> int:
+    model, ids_path, threads, ctx, prefills, n_decode, n_warmup = argv
+    import ds4
+
+    ids = np.fromfile(ids_path, dtype="<i4").tolist()
+    prefill_lens = [int(x) for x in prefills.split(",") if x]
+    t0 = time.perf_counter()
+    eng = ds4.Engine(model, threads=int(threads))
+    s = eng.session(ctx=int(ctx))
+    load_s = time.perf_counter() - t0
+    if int(n_warmup) > 0:
+        s.sync(ids[:int(n_warmup)])
+    out: dict = {"load_seconds": load_s, "threads": eng.threads, "prefill_chunk": eng.prefill_chunk,
+                 "prefill": {}, "decode_step_seconds": [], "decode_tokens": []}
+    for k, n in enumerate(prefill_lens):
+        s.reset()
+        t = time.perf_counter()
+        s.sync(ids[:n])
+        dt = time.perf_counter() - t
+        top = s.argmax()
+        out["prefill"][str(n)] = {"seconds": dt, "argmax": top}
+        if k == 0:  # greedy decode continues the first prompt
+            tok = top
+            for _ in range(int(n_decode)):
+                out["decode_tokens"].append(tok)
+                t = time.perf_counter()
+                s.eval(tok)
+                tok = s.argmax()
+                out["decode_step_seconds"].append(time.perf_counter() - t)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,200 @@
+"""Peer benchmark: ds4 against llama.cpp on the same DS4 file, the same token ids, the same threads.
+
+    PYTHONPATH=python python bench/llama_peer.py                          # `small`, 5 rounds, 2 threads
+    PYTHONPATH=python python bench/llama_peer.py --model bench --json peer.json
+    PYTHONPATH=python python bench/llama_peer.py --model tiny --quick     # smoke run
+    PYTHONPATH=python python bench/llama_peer.py --baseline peer.json     # new/old ratios
+
+llama.cpp is the copy inside the llama-cpp-python sdist (bench/_llama_cpp.py builds it once into
+the ds4 cache dir, CPU only); the model is converted for it with the three metadata fixes of
+bench/_llama_gguf.py. Every round runs each engine in its own process, in rotating order (ds4,
+llama.cpp flash attention on, llama.cpp flash attention off): load, warm up, prefill 512 and 2048
+ids on an empty context (logits of the last position), then 64 greedy decode steps after the first
+prompt. The table shows medians over rounds, the paired ratios ds4/llama.cpp (median of the
+per-round ratios, so slow phases of a loaded machine cancel), each process's peak RSS, whether the
+two engines picked the same greedy tokens, and the machine's load average while it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import add_common_args, machine_info, measure, report  # noqa: E402
+from _llama_cpp import LLAMA_CPP_PYTHON_VERSION, build_llama, default_root  # noqa: E402
+from _llama_gguf import convert_for_llama  # noqa: E402
+
+DS4_WORKER = Path(__file__).with_name("_peer_ds4.py")
+CONVERTER_TAG = "l1"  # bump when _llama_gguf's output changes, so cached conversions are redone
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_args(p)
+    p.set_defaults(repeats=5)
+    p.add_argument("--model", default="small", help="ds4.testing preset name or a DS4 GGUF path")
+    p.add_argument("--experts", default="q2", choices=["q2", "q4"], help="expert mix of a preset model")
+    p.add_argument("--prefill", default="512,2048", help="prompt lengths (comma list)")
+    p.add_argument("--decode", type=int, default=64, help="greedy decode steps after the first prompt")
+    p.add_argument("--ctx", type=int, default=4096, help="context size of both engines")
+    p.add_argument("--warmup", type=int, default=32, help="ids evaluated (untimed) before measuring")
+    p.add_argument("--fa", default="on,off", help="llama.cpp flash attention settings to run (on,off)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    p.add_argument("--llama-root", type=Path, default=None, help="llama.cpp build folder (default: <ds4 cache>/llama-peer)")
+    p.add_argument("--sdist", type=Path, default=None, help="llama-cpp-python sdist (default: found or pip-downloaded)")
+    p.add_argument("--build-jobs", type=int, default=2, help="parallel compile jobs for the llama.cpp build")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.prefill, args.decode = min(args.repeats, 2), "64,128", 8
+    args.prefill_lens = [int(x) for x in args.prefill.split(",") if x]
+    args.fa_modes = [m.strip() for m in args.fa.split(",") if m.strip()]
+    if not args.prefill_lens or any(n < 1 for n in args.prefill_lens):
+        p.error("--prefill needs positive lengths")
+    if any(m not in ("on", "off") for m in args.fa_modes):
+        p.error("--fa takes on and/or off")
+    if args.prefill_lens[0] + args.decode >= args.ctx or max(args.prefill_lens) >= args.ctx:
+        p.error("prompts (and the first prompt + decode steps) must fit in --ctx")
+    return args
+
+
+def resolve_model(name: str, experts: str) -> Path:
+    if Path(name).is_file():
+        return Path(name)
+    import ds4.testing
+
+    return ds4.testing.cached_model(name, experts=experts)
+
+
+def llama_model(src: Path, root: Path) -> Path:
+    """The llama.cpp conversion of ``src``, cached next to the build (redone when src changes)."""
+    st = src.stat()
+    dst = root / "models" / f"{src.stem}-{st.st_size}-{int(st.st_mtime)}-{CONVERTER_TAG}.gguf"
+    if not dst.is_file():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fixes = convert_for_llama(src, dst)
+        print(f"converted {src.name} for llama.cpp: {'; '.join(fixes) or 'no changes'}", file=sys.stderr)
+    return dst
+
+
+def run_worker(cmd: list[str]) -> dict:
+    """Run one measuring process; its JSON output plus its own peak RSS (bytes) and load average."""
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err)
+        _, status, usage = os.wait4(p.pid, 0)  # reaps it and gives this child's own rusage
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if p.returncode != 0:
+            raise RuntimeError(f"{cmd[0]} exited with {p.returncode}: {err.read().decode(errors='replace')[-2000:]}")
+        res = json.loads(out.read().decode())
+    res["peak_rss_bytes"] = usage.ru_maxrss * 1024
+    res["load"] = (load0 + os.getloadavg()[0]) / 2
+    return res
+
+
+def engine_commands(args: argparse.Namespace, model: Path, lmodel: Path, driver: Path, ids: Path) -> dict[str, list[str]]:
+    common = [str(ids), str(args.threads), str(args.ctx)]
+    tail = [",".join(map(str, args.prefill_lens)), str(args.decode), str(args.warmup)]
+    cmds = {"ds4": [sys.executable, str(DS4_WORKER), str(model), *common, *tail]}
+    for m in args.fa_modes:
+        cmds[f"llama_fa_{m}"] = [str(driver), str(lmodel), *common, "1" if m == "on" else "0", *tail]
+    return cmds
+
+
+def figures(run: dict, prefill_lens: list[int]) -> dict[str, float]:
+    out = {f"prefill_{n}": n / run["prefill"][str(n)]["seconds"] for n in prefill_lens}
+    steps = run["decode_step_seconds"]
+    if steps:
+        out["decode"] = len(steps) / sum(steps)
+    out["peak_rss_MB"] = run["peak_rss_bytes"] / 1e6
+    return out
+
+
+UNITS = {"decode": "tok/s", "peak_rss_MB": "MB"}
+
+
+def agreement(a: dict, b: dict, prefill_lens: list[int]) -> str:
+    """How many prefill argmaxes and leading greedy tokens two runs share (same model => most)."""
+    same = sum(a["prefill"][str(n)]["argmax"] == b["prefill"][str(n)]["argmax"] for n in prefill_lens)
+    lead = 0
+    for x, y in zip(a["decode_tokens"], b["decode_tokens"]):
+        if x != y:
+            break
+        lead += 1
+    return f"{same}/{len(prefill_lens)} argmax, {lead}/{len(a['decode_tokens'])} tokens"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    root = args.llama_root or default_root()
+    model = resolve_model(args.model, args.experts)
+    build = build_llama(root, args.sdist, jobs=args.build_jobs)
+    lmodel = llama_model(model, root)
+
+    import ds4.inspection
+
+    n_vocab = ds4.inspection.inspect(model).shape.n_vocab
+    n_ids = max(max(args.prefill_lens), args.warmup)
+    ids = np.random.default_rng(args.seed).integers(0, n_vocab, n_ids).astype("<i4")
+    with tempfile.TemporaryDirectory() as tmp:
+        ids_path = Path(tmp) / "ids.bin"
+        ids.tofile(ids_path)
+        cmds = engine_commands(args, model, lmodel, build.driver, ids_path)
+        names = list(cmds)
+        runs: dict[str, list[dict]] = {k: [] for k in names}
+        for r in range(args.repeats):
+            order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+            for name in order:
+                runs[name].append(run_worker(cmds[name]))
+            line = "  ".join(f"{k} {figures(runs[k][-1], args.prefill_lens).get('prefill_' + str(args.prefill_lens[0])):.1f}"
+                             for k in names)
+            print(f"round {r + 1}/{args.repeats}: prefill {args.prefill_lens[0]} tok/s  {line}  "
+                  f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+
+    per = {k: [figures(x, args.prefill_lens) for x in v] for k, v in runs.items()}
+    loads = [x["load"] for v in runs.values() for x in v]
+    metrics = list(per["ds4"][0])
+    results, rows = [], []
+    for m in metrics:
+        unit = UNITS.get(m, "tok/s")
+        row: dict = {"figure": f"{m} ({unit})", "_names": {}}
+        for k in names:
+            res = measure(f"{m}/{k}", unit, [f[m] for f in per[k]])
+            results.append(res)
+            row[k] = res.median
+            row["_names"][k] = res.name
+        for k in names[1:]:
+            ratio = measure(f"{m}/ds4_over_{k}", "x", [a[m] / b[m] for a, b in zip(per["ds4"], per[k])])
+            results.append(ratio)
+            row[f"ds4/{k}"] = ratio.median
+            row["_names"][f"ds4/{k}"] = ratio.name
+        rows.append(row)
+    agree = {k: agreement(runs["ds4"][0], runs[k][0], args.prefill_lens) for k in names[1:]}
+    machine = machine_info(
+        threads=args.threads, rounds=args.repeats, ctx=args.ctx, prefill=args.prefill_lens, decode_steps=args.decode,
+        warmup=args.warmup, model=str(model), llama_model=str(lmodel), llama_cpp_python=LLAMA_CPP_PYTHON_VERSION,
+        llama_cpp_commit=build.commit, load_avg_1m={"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
+        llama_n_ubatch=runs[names[-1]][0].get("n_ubatch"), ds4_prefill_chunk=runs["ds4"][0].get("prefill_chunk"),
+        agreement=agree)
+    print(f"ds4 vs llama.cpp {LLAMA_CPP_PYTHON_VERSION} ({build.commit[:10]}): {model.name}, {args.threads} threads, "
+          f"ctx {args.ctx}, {args.repeats} rounds; 1-min load avg {min(loads):.1f}-{max(loads):.1f} "
+          f"on {os.cpu_count()} logical CPUs")
+    report(results, machine, args, ["figure", *names, *[f"ds4/{k}" for k in names[1:]]], rows)
+    for k, v in agree.items():
+        print(f"greedy agreement ds4 vs {k} (round 1): {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
