@@ -1,10 +1,11 @@
 """ds4 side of bench/llama_peer.py: the same measurements as llama_peer_driver.cpp, same JSON.
 
-    python bench/_peer_ds4.py MODEL IDS THREADS CTX PREFILLS DECODE WARMUP
+    python bench/_peer_ds4.py MODEL IDS THREADS CTX PREFILLS DECODE WARMUP [LOGITS_OUT]
 
 IDS is a file of little-endian int32 ids. WARMUP ids are evaluated first (not timed, like the
 driver's warmup); each prefill length is a prefix of IDS synced on an empty session (the logits of
 its last position come with it); DECODE greedy steps (eval + argmax) continue the first prompt.
+LOGITS_OUT, if given, receives the float32 logits of the first prompt's last position.
 Run as its own process so its peak RSS is ds4's alone (plus the interpreter's).
 """
 
@@ -18,7 +19,8 @@ import numpy as np
 
 
 def main(argv: list[str]) -> int:
-    model, ids_path, threads, ctx, prefills, n_decode, n_warmup = argv
+    model, ids_path, threads, ctx, prefills, n_decode, n_warmup = argv[:7]
+    logits_out = argv[7] if len(argv) > 7 else None
     import ds4
 
     ids = np.fromfile(ids_path, dtype="<i4").tolist()
@@ -38,6 +40,8 @@ def main(argv: list[str]) -> int:
         dt = time.perf_counter() - t
         top = s.argmax()
         out["prefill"][str(n)] = {"seconds": dt, "argmax": top}
+        if k == 0 and logits_out:
+            np.asarray(s.logits, dtype=np.float32).tofile(logits_out)
         if k == 0:  # greedy decode continues the first prompt
             tok = top
             for _ in range(int(n_decode)):

@@ -103,12 +103,16 @@ def run_worker(cmd: list[str]) -> dict:
     return res
 
 
-def engine_commands(args: argparse.Namespace, model: Path, lmodel: Path, driver: Path, ids: Path) -> dict[str, list[str]]:
+def engine_commands(args: argparse.Namespace, model: Path, lmodel: Path, driver: Path, ids: Path,
+                    logits_dir: Path) -> dict[str, list[str]]:
+    """Command line of each engine's measuring process; each writes its first prompt's logits
+    to ``logits_dir/<name>.f32``."""
     common = [str(ids), str(args.threads), str(args.ctx)]
     tail = [",".join(map(str, args.prefill_lens)), str(args.decode), str(args.warmup)]
-    cmds = {"ds4": [sys.executable, str(DS4_WORKER), str(model), *common, *tail]}
+    cmds = {"ds4": [sys.executable, str(DS4_WORKER), str(model), *common, *tail, str(logits_dir / "ds4.f32")]}
     for m in args.fa_modes:
-        cmds[f"llama_fa_{m}"] = [str(driver), str(lmodel), *common, "1" if m == "on" else "0", *tail]
+        name = f"llama_fa_{m}"
+        cmds[name] = [str(driver), str(lmodel), *common, "1" if m == "on" else "0", *tail, str(logits_dir / f"{name}.f32")]
     return cmds
 
 
@@ -124,15 +128,19 @@ def figures(run: dict, prefill_lens: list[int]) -> dict[str, float]:
 UNITS = {"decode": "tok/s", "peak_rss_MB": "MB"}
 
 
-def agreement(a: dict, b: dict, prefill_lens: list[int]) -> str:
-    """How many prefill argmaxes and leading greedy tokens two runs share (same model => most)."""
+def agreement(a: dict, b: dict, la: np.ndarray, lb: np.ndarray, prefill_lens: list[int]) -> str:
+    """Whether two engines computed the same model: the first prompt's logits (relative RMS
+    difference, top-10 overlap), the prefill argmaxes, and the leading greedy tokens they share."""
+    rel = float(np.linalg.norm(la - lb) / max(np.linalg.norm(la), 1e-30))
+    top = len(set(np.argsort(-la)[:10].tolist()) & set(np.argsort(-lb)[:10].tolist()))
     same = sum(a["prefill"][str(n)]["argmax"] == b["prefill"][str(n)]["argmax"] for n in prefill_lens)
     lead = 0
     for x, y in zip(a["decode_tokens"], b["decode_tokens"]):
         if x != y:
             break
         lead += 1
-    return f"{same}/{len(prefill_lens)} argmax, {lead}/{len(a['decode_tokens'])} tokens"
+    return (f"logits rel. RMS diff {rel:.2g}, top-10 overlap {top}/10; prefill argmax {same}/{len(prefill_lens)} same; "
+            f"first {lead}/{len(a['decode_tokens'])} greedy tokens same")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,13 +158,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ids_path = Path(tmp) / "ids.bin"
         ids.tofile(ids_path)
-        cmds = engine_commands(args, model, lmodel, build.driver, ids_path)
+        cmds = engine_commands(args, model, lmodel, build.driver, ids_path, Path(tmp))
         names = list(cmds)
         runs: dict[str, list[dict]] = {k: [] for k in names}
         for r in range(args.repeats):
             order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
             for name in order:
                 runs[name].append(run_worker(cmds[name]))
+            if r == 0:
+                logits = {k: np.fromfile(Path(tmp) / f"{k}.f32", dtype=np.float32) for k in names}
+                agree = {k: agreement(runs["ds4"][0], runs[k][0], logits["ds4"], logits[k], args.prefill_lens)
+                         for k in names[1:]}
             line = "  ".join(f"{k} {figures(runs[k][-1], args.prefill_lens).get('prefill_' + str(args.prefill_lens[0])):.1f}"
                              for k in names)
             print(f"round {r + 1}/{args.repeats}: prefill {args.prefill_lens[0]} tok/s  {line}  "
@@ -180,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
             row[f"ds4/{k}"] = ratio.median
             row["_names"][f"ds4/{k}"] = ratio.name
         rows.append(row)
-    agree = {k: agreement(runs["ds4"][0], runs[k][0], args.prefill_lens) for k in names[1:]}
     machine = machine_info(
         threads=args.threads, rounds=args.repeats, ctx=args.ctx, prefill=args.prefill_lens, decode_steps=args.decode,
         warmup=args.warmup, model=str(model), llama_model=str(lmodel), llama_cpp_python=LLAMA_CPP_PYTHON_VERSION,
@@ -192,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
           f"on {os.cpu_count()} logical CPUs")
     report(results, machine, args, ["figure", *names, *[f"ds4/{k}" for k in names[1:]]], rows)
     for k, v in agree.items():
-        print(f"greedy agreement ds4 vs {k} (round 1): {v}")
+        print(f"ds4 vs {k} (round 1): {v}")
     return 0
 
 

@@ -1,13 +1,14 @@
 // Timing driver for bench/llama_peer.py: runs llama.cpp (libllama) on the exact token ids the ds4
 // side gets, the way bench/llama_peer.py times ds4, and prints one JSON object on stdout.
 //
-//   llama_peer_driver MODEL IDS THREADS CTX FA PREFILLS DECODE WARMUP
+//   llama_peer_driver MODEL IDS THREADS CTX FA PREFILLS DECODE WARMUP [LOGITS_OUT]
 //
 // IDS is a file of little-endian int32 token ids; PREFILLS a comma list of prompt lengths (each a
 // prefix of IDS, each on an empty context, logits for the last position only); DECODE greedy steps
 // are timed after the first prefill, each step being one llama_decode plus the argmax that picks the
 // next token. WARMUP tokens are evaluated (and cleared) first so page faults of the mapped weights
-// and one-off allocations are not timed. FA is 1 (flash attention on) or 0 (off).
+// and one-off allocations are not timed. FA is 1 (flash attention on) or 0 (off). LOGITS_OUT, if
+// given, receives the float32 logits of the first prompt's last position (to compare engines).
 //
 // Built by bench/_llama_cpp.py against the llama.cpp copy inside the llama-cpp-python sdist.
 
@@ -92,7 +93,8 @@ void quiet_log(ggml_log_level level, const char * text, void *) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    if (argc != 9) die("usage: llama_peer_driver MODEL IDS THREADS CTX FA PREFILLS DECODE WARMUP");
+    if (argc != 9 && argc != 10) die("usage: llama_peer_driver MODEL IDS THREADS CTX FA PREFILLS DECODE WARMUP [LOGITS_OUT]");
+    const char * logits_out = argc == 10 ? argv[9] : nullptr;
     const char * model_path = argv[1];
     const std::vector<llama_token> ids = read_ids(argv[2]);
     const int threads = std::atoi(argv[3]);
@@ -145,6 +147,13 @@ int main(int argc, char ** argv) {
         char buf[160];
         std::snprintf(buf, sizeof buf, "%s\"%d\": {\"seconds\": %.6f, \"argmax\": %d}", k ? ", " : "", n, dt, top);
         prefill_json += buf;
+        if (k == 0 && logits_out) {
+            std::FILE * f = std::fopen(logits_out, "wb");
+            if (!f || std::fwrite(llama_get_logits_ith(ctx, -1), sizeof(float), n_vocab, f) != (size_t) n_vocab) {
+                die(std::string("cannot write ") + logits_out);
+            }
+            std::fclose(f);
+        }
         if (k == 0) {  // greedy decode continues the first prompt
             llama_token tok = top;
             for (int i = 0; i < n_decode; ++i) {
