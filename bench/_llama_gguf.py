@@ -1,7 +1,7 @@
 """Convert a ds4 GGUF into one llama.cpp's deepseek4 loader accepts (for bench/llama_peer.py).
 
 The tensors are copied byte for byte; only three metadata details differ between what ds4 (and
-upstream's files) carry and what llama.cpp's loader insists on:
+upstream's files) carry and what llama.cpp's loader insists on, plus one it silently defaults:
 
 1. ``deepseek4.rope.scaling.original_context_length`` must be a UINT32 (some files store another
    integer type; llama.cpp's typed getter rejects anything else).
@@ -10,6 +10,10 @@ upstream's files) carry and what llama.cpp's loader insists on:
 3. Hash-routed layers (``blk.N`` with N < ``deepseek4.hash_layer_count``) route through
    ``ffn_gate_tid2eid`` and must not carry an ``exp_probs_b`` bias: llama.cpp counts every tensor
    in the file and fails on one it did not bind.
+4. ``deepseek4.rope.scaling.type`` is added as "yarn" when missing (ds4's synthetic files lack it).
+   ds4 hard-wires YaRN on the compressed layers and reads no scaling-type key; llama.cpp reads it
+   and, without it, applies *linear* scaling there: it would load and run, but a different model
+   (measured on `tiny`: the last-position logits differed by 0.1 relative RMS without the key).
 
 The output is written to a temp file next to the target and renamed into place (never a partial
 file under the final name).
@@ -31,6 +35,7 @@ ORIG_CTX_KEY = f"{ARCH}.rope.scaling.original_context_length"
 GATING_KEY = f"{ARCH}.expert_gating_func"
 HASH_LAYERS_KEY = f"{ARCH}.hash_layer_count"
 GATING_SQRT_SOFTPLUS = 4  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS
+ROPE_TYPE_KEY = f"{ARCH}.rope.scaling.type"
 
 
 def _hash_bias_names(reader: gguf.GGUFReader) -> set[str]:
@@ -48,6 +53,8 @@ def llama_fixes(reader: gguf.GGUFReader) -> list[str]:
     g = reader.get_field(GATING_KEY)
     if g is None or int(g.contents()) != GATING_SQRT_SOFTPLUS:
         out.append(f"{GATING_KEY} = {GATING_SQRT_SOFTPLUS} (UINT32)")
+    if reader.get_field(ROPE_TYPE_KEY) is None:
+        out.append(f'{ROPE_TYPE_KEY} = "yarn"')
     drop = sorted(_hash_bias_names(reader) & {t.name for t in reader.tensors})
     if drop:
         out.append(f"dropped {', '.join(drop)} (hash-routed layers)")
@@ -55,7 +62,7 @@ def llama_fixes(reader: gguf.GGUFReader) -> list[str]:
 
 
 def convert_for_llama(src: Path, dst: Path) -> list[str]:
-    """Write ``dst``: ``src`` with the three llama.cpp metadata fixes. Returns the fixes applied."""
+    """Write ``dst``: ``src`` with the llama.cpp metadata fixes. Returns the fixes applied."""
     reader = gguf.GGUFReader(src)
     arch = reader.get_field(gguf.Keys.General.ARCHITECTURE)
     if arch is None or arch.contents() != ARCH:
@@ -81,6 +88,8 @@ def convert_for_llama(src: Path, dst: Path) -> list[str]:
             sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
         writer.add_uint32(GATING_KEY, GATING_SQRT_SOFTPLUS)
+        if reader.get_field(ROPE_TYPE_KEY) is None:
+            writer.add_string(ROPE_TYPE_KEY, "yarn")
         for t in tensors:
             writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
         writer.write_header_to_file()

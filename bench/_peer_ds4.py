@@ -18,6 +18,18 @@ import time
 import numpy as np
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set from /proc/self/status VmHWM (0 where unavailable); the
+    parent's wait4 rusage would include the high-water mark it had when it forked us."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def main(argv: list[str]) -> int:
     model, ids_path, threads, ctx, prefills, n_decode, n_warmup = argv[:7]
     logits_out = argv[7] if len(argv) > 7 else None
@@ -50,6 +62,7 @@ def main(argv: list[str]) -> int:
                 s.eval(tok)
                 tok = s.argmax()
                 out["decode_step_seconds"].append(time.perf_counter() - t)
+    out["peak_rss_bytes"] = peak_rss_bytes()
     print(json.dumps(out))
     return 0
 

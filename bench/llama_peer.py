@@ -6,7 +6,7 @@
     PYTHONPATH=python python bench/llama_peer.py --baseline peer.json     # new/old ratios
 
 llama.cpp is the copy inside the llama-cpp-python sdist (bench/_llama_cpp.py builds it once into
-the ds4 cache dir, CPU only); the model is converted for it with the three metadata fixes of
+the ds4 cache dir, CPU only); the model is converted for it with the metadata fixes of
 bench/_llama_gguf.py. Every round runs each engine in its own process, in rotating order (ds4,
 llama.cpp flash attention on, llama.cpp flash attention off): load, warm up, prefill 512 and 2048
 ids on an empty context (logits of the last position), then 64 greedy decode steps after the first
@@ -35,7 +35,7 @@ from _llama_cpp import LLAMA_CPP_PYTHON_VERSION, build_llama, default_root  # no
 from _llama_gguf import convert_for_llama  # noqa: E402
 
 DS4_WORKER = Path(__file__).with_name("_peer_ds4.py")
-CONVERTER_TAG = "l1"  # bump when _llama_gguf's output changes, so cached conversions are redone
+CONVERTER_TAG = "l2"  # bump when _llama_gguf's output changes, so cached conversions are redone
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -87,18 +87,16 @@ def llama_model(src: Path, root: Path) -> Path:
 
 
 def run_worker(cmd: list[str]) -> dict:
-    """Run one measuring process; its JSON output plus its own peak RSS (bytes) and load average."""
+    """Run one measuring process: its JSON output (with its own peak RSS) and the load average."""
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err)
-        _, status, usage = os.wait4(p.pid, 0)  # reaps it and gives this child's own rusage
-        p.returncode = os.waitstatus_to_exitcode(status)
+        p = subprocess.Popen(cmd, stdout=out, stderr=err)  # the worker reports its own peak RSS
+        p.wait()
         out.seek(0)
         err.seek(0)
         if p.returncode != 0:
             raise RuntimeError(f"{cmd[0]} exited with {p.returncode}: {err.read().decode(errors='replace')[-2000:]}")
         res = json.loads(out.read().decode())
-    res["peak_rss_bytes"] = usage.ru_maxrss * 1024
     res["load"] = (load0 + os.getloadavg()[0]) / 2
     return res
 

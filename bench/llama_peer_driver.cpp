@@ -86,6 +86,18 @@ double eval(llama_context * ctx, const llama_token * ids, int n, int pos0) {
     return dt;
 }
 
+// This process's peak resident set (bytes) from /proc/self/status VmHWM, 0 where unavailable.
+// Read here rather than from the parent's wait4 rusage: Linux carries the forking parent's
+// high-water mark over into the child's ru_maxrss.
+long long peak_rss_bytes() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line)) {
+        if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+    }
+    return 0;
+}
+
 void quiet_log(ggml_log_level level, const char * text, void *) {
     if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
 }
@@ -172,7 +184,7 @@ int main(int argc, char ** argv) {
     for (size_t i = 0; i < step_s.size(); ++i) std::printf("%s%.6f", i ? ", " : "", step_s[i]);
     std::printf("], \"decode_tokens\": [");
     for (size_t i = 0; i < decoded.size(); ++i) std::printf("%s%d", i ? ", " : "", decoded[i]);
-    std::printf("]}\n");
+    std::printf("], \"peak_rss_bytes\": %lld}\n", peak_rss_bytes());
 
     llama_free(ctx);
     llama_model_free(model);
