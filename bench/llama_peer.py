@@ -35,6 +35,7 @@ from _llama_cpp import LLAMA_CPP_PYTHON_VERSION, build_llama, default_root  # no
 from _llama_gguf import convert_for_llama  # noqa: E402
 
 DS4_WORKER = Path(__file__).with_name("_peer_ds4.py")
+UNITS = {"decode": "tok/s", "peak_rss_MB": "MB"}  # the rest are prefill rates in tok/s
 CONVERTER_TAG = "l2"  # bump when _llama_gguf's output changes, so cached conversions are redone
 
 
@@ -123,9 +124,6 @@ def figures(run: dict, prefill_lens: list[int]) -> dict[str, float]:
     return out
 
 
-UNITS = {"decode": "tok/s", "peak_rss_MB": "MB"}
-
-
 def agreement(a: dict, b: dict, la: np.ndarray, lb: np.ndarray, prefill_lens: list[int]) -> str:
     """Whether two engines computed the same model: the first prompt's logits (relative RMS
     difference, top-10 overlap), the prefill argmaxes, and the leading greedy tokens they share."""
@@ -180,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         unit = UNITS.get(m, "tok/s")
         row: dict = {"figure": f"{m} ({unit})", "_names": {}}
         for k in names:
-            res = measure(f"{m}/{k}", unit, [f[m] for f in per[k]])
+            res = measure(f"{m}/{k}", unit, [f[m] for f in per[k]], load_avg_1m=[x["load"] for x in runs[k]])
             results.append(res)
             row[k] = res.median
             row["_names"][k] = res.name
