@@ -1,0 +1,26 @@
+// Argument structs of the ds4 Metal kernels, shared by the .metal files and the hosts that bind
+// them (the emulator driver in python/ds4/metal_emu, the Objective-C++ host later). Plain 32-bit
+// fields only, so the layout is the same in MSL, C++ and numpy structured arrays.
+#pragma once
+
+struct ds4_norm_args {
+    uint n;            // row length
+    uint in_stride;    // floats between input rows
+    uint out_stride;   // floats between output rows
+    float eps;
+};
+
+// y[row] = dot(W row, x) for rows of a weight matrix whose rows are row_bytes apart.
+struct ds4_matvec_args {
+    uint n;            // elements per weight row
+    uint rows;         // weight rows
+    uint row_bytes;    // bytes per weight row
+    uint n_tok;        // activation rows (1 for decode)
+    uint act_bytes;    // bytes between activation rows
+    uint y_stride;     // floats between output rows
+};
+
+struct ds4_quant_act_args {
+    uint n;            // elements per row
+    uint act_bytes;    // bytes of one quantised row
+};

@@ -1,0 +1,43 @@
+"""A CPU emulator of Metal compute, for checking metal/*.metal on Linux (test-only).
+
+The .metal sources are compiled as C++17 by clang against a shim header (metal/emu/msl_emu.h)
+and run by a SIMT runtime (metal/emu/simt.cpp): threadgroups in sequence, one fiber per thread,
+barriers and simd collectives released when every live participant reaches the same source
+line. It verifies kernel logic, races (results must be bit-identical under several thread
+orders), Metal's limits and divergent synchronisation. It cannot tell whether Apple's compiler
+accepts the code, nor anything about real-GPU speed or the GPU's float reduction order.
+
+    >>> from ds4 import metal_emu
+    >>> lib = metal_emu.load()                       # doctest: +SKIP
+    >>> lib.dispatch("rms_norm_f32", buffers=[...], grid=(rows, 1, 1), threads=(256, 1, 1))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ._build import BuildError, build_library, load_sources, metal_dir
+from ._source import MetalSourceError
+from ._toolchain import Compiler, find_compiler, missing_message
+from .runtime import Buffer, EmulatorError, Library, RaceError, run_orders
+
+__all__ = ["load", "available", "unavailable_reason", "Library", "Buffer", "EmulatorError", "RaceError",
+           "BuildError", "MetalSourceError", "run_orders", "find_compiler", "Compiler", "metal_dir"]
+
+
+def available() -> bool:
+    return find_compiler() is not None
+
+
+def unavailable_reason() -> str:
+    return missing_message()
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> Library:
+    """The emulator library with every kernel of metal/*.metal (compiled on first use, cached)."""
+    cc = find_compiler()
+    if cc is None:
+        raise BuildError(missing_message())
+    files = load_sources()
+    return Library(build_library(cc, files), files)
