@@ -15,9 +15,10 @@ accepts the code, nor anything about real-GPU speed or the GPU's float reduction
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 from ._build import BuildError, build_library, load_sources, metal_dir
-from ._source import MetalSourceError
+from ._source import MetalSourceError, parse_metal
 from ._toolchain import Compiler, find_compiler, missing_message
 from .runtime import Buffer, EmulatorError, Library, RaceError, run_orders
 
@@ -34,10 +35,11 @@ def unavailable_reason() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def load() -> Library:
-    """The emulator library with every kernel of metal/*.metal (compiled on first use, cached)."""
+def load(extra: tuple[str, ...] = ()) -> Library:
+    """The emulator library with every kernel of metal/*.metal, plus the .metal files in `extra`
+    (test fixtures), compiled on first use and cached on disk."""
     cc = find_compiler()
     if cc is None:
         raise BuildError(missing_message())
-    files = load_sources()
+    files = load_sources() + [parse_metal(Path(p)) for p in extra]
     return Library(build_library(cc, files), files)
