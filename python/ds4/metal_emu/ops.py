@@ -1,0 +1,95 @@
+"""A small Python host for the Metal kernels: argument structs, grid sizes and buffer bindings
+for each op, the way the Objective-C++ host binds them (issue 12 ports this to C++). Tests call
+these with a runner that checks three thread orders; tools can use the plain one.
+
+A runner is ``run(kernel, buffers=[...], outputs=[i...], **dispatch_kw) -> [arrays]``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import numpy as np
+
+from .runtime import Library, run_orders
+
+__all__ = ["checked", "direct", "QTYPES", "act_bytes", "quantize_act", "matvec", "rms_norm"]
+
+Runner = Callable[..., list]
+
+# GGML type id -> (kernel suffix, block elements, block bytes, activation format)
+QTYPES = {
+    0: ("f32", 1, 4, "f32"),
+    1: ("f16", 1, 2, "f32"),
+    8: ("q8_0", 32, 34, "q8_0"),
+    10: ("q2_k", 256, 84, "q8_k"),
+    12: ("q4_k", 256, 144, "q8_k"),
+    16: ("iq2_xxs", 256, 66, "q8_k"),
+}
+_ACT_BLOCK = {"q8_0": (32, 36), "q8_k": (256, 292), "f32": (1, 4)}
+
+MV_ROWS = 4            # rows per simdgroup in matvec.metal
+MV_SIMDGROUPS = 2      # simdgroups per threadgroup the host picks
+
+
+def checked(lib: Library) -> Runner:
+    """Every dispatch under forward, reverse and shuffled orders; any bit difference is a RaceError."""
+    return partial(run_orders, lib)
+
+
+def direct(lib: Library) -> Runner:
+    def run(kernel, *, buffers, outputs, **kw):
+        lib.dispatch(kernel, buffers=buffers, **kw)
+        return [buffers[i] for i in outputs]
+    return run
+
+
+def _struct(**fields) -> bytes:
+    dt = np.dtype([(k, "<f4" if isinstance(v, float) else "<u4") for k, v in fields.items()])
+    return np.array([tuple(fields.values())], dtype=dt).tobytes()
+
+
+def act_bytes(qtype: int, n: int) -> int:
+    elems, size = _ACT_BLOCK[QTYPES[qtype][3]]
+    return n // elems * size
+
+
+def quantize_act(run: Runner, qtype: int, x: np.ndarray) -> np.ndarray:
+    """The activation rows a `qtype` weight consumes, as bytes [rows, act_bytes] (F16/F32: floats)."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    rows, n = x.shape
+    fmt = QTYPES[qtype][3]
+    if fmt == "f32":
+        return x.view(np.uint8).reshape(rows, n * 4).copy()
+    elems, _ = _ACT_BLOCK[fmt]
+    ab = act_bytes(qtype, n)
+    out = np.zeros((rows, ab), np.uint8)
+    kernel = "quantize_q8_0_act" if fmt == "q8_0" else "quantize_q8_k"
+    return run(kernel, buffers=[_struct(n=n, act_bytes=ab), x, out], outputs=[2], grid=(n // elems, rows, 1),
+               threads=(32, 1, 1))[0]
+
+
+def matvec(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, int], xq: np.ndarray) -> np.ndarray:
+    """y[tok, row] = dot(W row, activation tok) with `xq` from quantize_act (rows = shape[1])."""
+    n, rows = shape
+    suffix, elems, bsize, _ = QTYPES[qtype]
+    xq = np.ascontiguousarray(xq).reshape(-1, xq.shape[-1])
+    n_tok = xq.shape[0]
+    w = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    y = np.zeros((n_tok, rows), np.float32)
+    args = _struct(n=n, rows=rows, row_bytes=n // elems * bsize, n_tok=n_tok, act_bytes=xq.shape[1], y_stride=rows)
+    per_group = MV_ROWS * MV_SIMDGROUPS
+    return run(f"matvec_{suffix}", buffers=[args, w, xq, y], outputs=[3],
+               grid=(-(-rows // per_group), n_tok, 1), threads=(32 * MV_SIMDGROUPS, 1, 1))[0]
+
+
+def rms_norm(run: Runner, x: np.ndarray, w: np.ndarray | None, eps: float, threads: int = 256) -> np.ndarray:
+    """Per-row RMS norm (weighted when `w` is given): one threadgroup per row."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    rows, n = x.shape
+    y = np.zeros_like(x)
+    wbuf = np.ascontiguousarray(w, dtype=np.float32) if w is not None else np.zeros(1, np.float32)
+    return run("rms_norm_f32", buffers=[_struct(n=n, in_stride=n, out_stride=n, eps=float(eps)), x, wbuf, y],
+               outputs=[3], grid=(rows, 1, 1), threads=(threads, 1, 1), tg_mem=[128],
+               constants={0: w is not None})[0]
