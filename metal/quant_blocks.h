@@ -141,3 +141,82 @@ struct ds4_f32 {
     static float dot(device const W* w, device const A* x) { return *w * *x; }
     static float finish(float s) { return s; }
 };
+
+// ---- dequantisation of 8 consecutive weights (element k of a row, k a multiple of 8) -------------
+// The CPU dequantiser's float expressions (csrc/quant/dequantize.cpp), so the values are exact
+// copies of ds4._core.dequantize. Used to fill threadgroup tiles in the mat-mat kernels.
+
+static void ds4_deq8_q8_0(device const uchar* row, uint k, thread float* out) {
+    device const ds4_block_q8_0* b = (device const ds4_block_q8_0*)row + k / 32;
+    const float d = float(b->d);
+    for (uint j = 0; j < 8; ++j) {
+        out[j] = d * float(b->qs[k % 32 + j]);
+    }
+}
+
+static void ds4_deq8_q2_k(device const uchar* row, uint k, thread float* out) {
+    device const ds4_block_q2_k* b = (device const ds4_block_q2_k*)row + k / 256;
+    const uint i = k % 256, h = i / 128, j = (i % 128) / 32, l0 = i % 32;
+    const uchar sc = b->scales[8 * h + 2 * j + l0 / 16];
+    const float dl = float(b->d) * float(sc & 15);
+    const float ml = float(b->dmin) * float(sc >> 4);
+    for (uint t = 0; t < 8; ++t) {
+        out[t] = dl * float((b->qs[32 * h + l0 + t] >> (2 * j)) & 3) - ml;
+    }
+}
+
+static void ds4_deq8_q4_k(device const uchar* row, uint k, thread float* out) {
+    device const ds4_block_q4_k* b = (device const ds4_block_q4_k*)row + k / 256;
+    const uint i = k % 256, c = i / 64, hi = (i % 64) / 32, l0 = i % 32;
+    int sc, m;
+    ds4_q4k_scale_min(b->scales, int(2 * c + hi), sc, m);
+    const float d = float(b->d) * float(sc);
+    const float mm = float(b->dmin) * float(m);
+    for (uint t = 0; t < 8; ++t) {
+        const uchar q = b->qs[32 * c + l0 + t];
+        out[t] = d * float(hi ? (q >> 4) : (q & 15)) - mm;
+    }
+}
+
+static void ds4_deq8_iq2_xxs(device const uchar* row, uint k, thread float* out) {
+    device const ds4_block_iq2_xxs* b = (device const ds4_block_iq2_xxs*)row + k / 256;
+    const uint i = k % 256, ib = i / 32, l = (i % 32) / 8;
+    const uint a = uint(b->qs[4 * ib]) | (uint(b->qs[4 * ib + 1]) << 16);
+    const uint s = uint(b->qs[4 * ib + 2]) | (uint(b->qs[4 * ib + 3]) << 16);
+    const float db = float(b->d) * (0.5f + float(s >> 28)) * 0.25f;
+    const ulong g = ds4_iq2xxs_grid[(a >> (8 * l)) & 255];
+    const uint signs = ds4_iq2xxs_signs[(s >> (7 * l)) & 127];
+    for (uint j = 0; j < 8; ++j) {
+        out[j] = db * float((g >> (8 * j)) & 255) * ((signs >> j) & 1 ? -1.0f : 1.0f);
+    }
+}
+
+// Plain types: n need not be a multiple of 8; values past n read as 0.
+static void ds4_deq8_f16(device const uchar* row, uint k, uint n, thread float* out) {
+    device const half* w = (device const half*)row;
+    for (uint j = 0; j < 8; ++j) {
+        out[j] = k + j < n ? float(w[k + j]) : 0.0f;
+    }
+}
+
+static void ds4_deq8_f32(device const uchar* row, uint k, uint n, thread float* out) {
+    device const float* w = (device const float*)row;
+    for (uint j = 0; j < 8; ++j) {
+        out[j] = k + j < n ? w[k + j] : 0.0f;
+    }
+}
+
+// Activations: Q8_0-act and Q8_K blocks are d * q; float rows are read as they are.
+static void ds4_act8_q8_0(device const uchar* row, uint k, thread float* out) {
+    device const ds4_block_q8_0_act* b = (device const ds4_block_q8_0_act*)row + k / 32;
+    for (uint j = 0; j < 8; ++j) {
+        out[j] = b->d * float(b->qs[k % 32 + j]);
+    }
+}
+
+static void ds4_act8_q8_k(device const uchar* row, uint k, thread float* out) {
+    device const ds4_block_q8_k* b = (device const ds4_block_q8_k*)row + k / 256;
+    for (uint j = 0; j < 8; ++j) {
+        out[j] = b->d * float(b->qs[k % 256 + j]);
+    }
+}

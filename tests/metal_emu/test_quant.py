@@ -7,7 +7,7 @@ then a simd_sum tree, vs sequential). Each order's float error is at most (B-1)*
 S = sum_b |block value| <= sum_i |w_i x_i| (for Q2_K/Q4_K the d and min parts counted separately,
 since they may cancel), so |gpu - cpu| <= 2*B*u*S. For F32 the CPU accumulates in double (error
 u*|y|) and the GPU in float (B = n). One weight code off by one step changes a result by about S/n,
-orders of magnitude above this bound (test_matvec_tolerance_catches_one_code_step).
+orders of magnitude above this bound (test_tolerance_catches_one_code_step).
 """
 
 import numpy as np
@@ -80,21 +80,27 @@ def test_matvec_matches_cpu(emu, qtype, data):
     _check(got, _cpu(qtype, raw, n, rows, x), _bound(qtype, raw, n, rows, None, x))
 
 
+@pytest.mark.parametrize("op", ["matvec", "matmul"])
 @pytest.mark.parametrize("qtype, byte", [(Q.Q8_0, 2), (Q.Q4_K, 16), (Q.IQ2_XXS, 2)], ids=["q8_0", "q4_k", "iq2_xxs"])
-def test_matvec_tolerance_catches_one_code_step(emu, qtype, byte):
+def test_tolerance_catches_one_code_step(emu, op, qtype, byte):
     elems = 32 if qtype == Q.Q8_0 else 256
-    n, rows = 4 * elems, 5
+    n, rows, n_tok = 2 * elems, 5, 3
     raw = random_weights(qtype, n, rows, 7)
-    x = activation(n, 8, "normal")
+    x = activation(n, 8, "normal", batch=n_tok)
     bad = raw.copy()
     bad[byte] ^= 1                                   # one code of row 0, block 0, one step off
     assert not np.array_equal(ref.dequantize(int(qtype), bad, (n, rows)), ref.dequantize(int(qtype), raw, (n, rows)))
     run = ops.checked(emu)
-    got = ops.matvec(run, int(qtype), bad, (n, rows), ops.quantize_act(run, int(qtype), x))
+    got = getattr(ops, op)(run, int(qtype), bad, (n, rows), ops.quantize_act(run, int(qtype), x))
+    bound = _bound(qtype, raw, n, rows, None, x)
+    if op == "matmul":
+        blocks = n // elems
+        bound = bound / (2 * blocks) * (n + blocks + 10)
+    want = _cpu(qtype, raw, n, rows, x)
     with pytest.raises(AssertionError, match="max err/bound"):
-        _check(got, _cpu(qtype, raw, n, rows, x), _bound(qtype, raw, n, rows, None, x))
+        _check(got, want, bound)
     # The untouched rows still pass: the bound is not loose enough to hide a wrong row.
-    _check(got[:, 1:], _cpu(qtype, raw, n, rows, x)[:, 1:], _bound(qtype, raw, n, rows, None, x)[:, 1:])
+    _check(got[:, 1:], want[:, 1:], bound[:, 1:])
 
 
 def test_iq2xxs_tables_match_the_cpu_tables():
@@ -106,3 +112,37 @@ def test_iq2xxs_tables_match_the_cpu_tables():
     cpu = (root / "csrc" / "quant" / "iq2xxs_tables.h").read_text()
     nums = lambda s: [int(v, 16) for v in re.findall(r"0x([0-9a-fA-F]+)", s)]
     assert nums(metal) == nums(cpu) and len(nums(cpu)) == 256 + 128
+
+
+@pytest.mark.parametrize("qtype", MV_TYPES, ids=lambda q: q.name)
+@FAST
+@given(data=st.data())
+def test_tile_dequantisation_is_byte_identical(emu, qtype, data):
+    elems = {Q.F32: 1, Q.F16: 1, Q.Q8_0: 32}.get(qtype, 256)
+    n = elems * data.draw(st.integers(1, {1: 70, 32: 5}.get(elems, 2)))
+    rows = data.draw(st.integers(1, 5))
+    raw = random_weights(qtype, n, rows, data.draw(st.integers(0, 2**32 - 1)), data.draw(st.sampled_from(SCALE_MODES)))
+    got = ops.dequantize(ops.checked(emu), int(qtype), raw, (n, rows))
+    assert got.tobytes() == core.dequantize(int(qtype), raw, (n, rows)).tobytes()
+
+
+@pytest.mark.parametrize("qtype", MV_TYPES, ids=lambda q: q.name)
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_matmul_matches_cpu(emu, qtype, data):
+    """Tiles multiply dequantised floats (weights as the CPU dequantiser gives them, activations
+    d*q): each product rounds once and n of them are summed in float, against the CPU's exact
+    integer block sums and B float block additions, so |gpu - cpu| <= (n + B + 10)*u*S."""
+    elems = {Q.F32: 1, Q.F16: 1, Q.Q8_0: 32}.get(qtype, 256)
+    n = elems * data.draw(st.integers(1, {1: 70, 32: 5}.get(elems, 2)))   # plain types: partial k tiles
+    rows = data.draw(st.integers(1, 40))                                     # one or two row tiles
+    n_tok = data.draw(st.integers(1, 36))                                    # one or two token tiles
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    raw = random_weights(qtype, n, rows, seed, data.draw(st.sampled_from(SCALE_MODES)))
+    patterns = ACT_PATTERNS if n % 32 == 0 else [p for p in ACT_PATTERNS if p != "mixed_zero_blocks"]
+    x = activation(n, seed ^ 1, data.draw(st.sampled_from(patterns)), batch=n_tok)
+    run = ops.checked(emu)
+    got = ops.matmul(run, int(qtype), raw, (n, rows), ops.quantize_act(run, int(qtype), x))
+    blocks = n if qtype in (Q.F32, Q.F16) else n // elems
+    bound = _bound(qtype, raw, n, rows, None, x) / (2 * blocks) * (n + blocks + 10)
+    _check(got, _cpu(qtype, raw, n, rows, x), bound)

@@ -14,7 +14,7 @@ import numpy as np
 
 from .runtime import Library, run_orders
 
-__all__ = ["checked", "direct", "QTYPES", "act_bytes", "quantize_act", "matvec", "rms_norm"]
+__all__ = ["checked", "direct", "QTYPES", "act_bytes", "quantize_act", "matvec", "matmul", "dequantize", "rms_norm"]
 
 Runner = Callable[..., list]
 
@@ -93,3 +93,27 @@ def rms_norm(run: Runner, x: np.ndarray, w: np.ndarray | None, eps: float, threa
     return run("rms_norm_f32", buffers=[_struct(n=n, in_stride=n, out_stride=n, eps=float(eps)), x, wbuf, y],
                outputs=[3], grid=(rows, 1, 1), threads=(threads, 1, 1), tg_mem=[128],
                constants={0: w is not None})[0]
+
+
+def matmul(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, int], xq: np.ndarray) -> np.ndarray:
+    """Prefill Y[tok, row] with simdgroup-matrix tiles (same operands as matvec)."""
+    n, rows = shape
+    suffix, elems, bsize, _ = QTYPES[qtype]
+    xq = np.ascontiguousarray(xq).reshape(-1, xq.shape[-1])
+    n_tok = xq.shape[0]
+    w = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    y = np.zeros((n_tok, rows), np.float32)
+    args = _struct(n=n, rows=rows, row_bytes=n // elems * bsize, n_tok=n_tok, act_bytes=xq.shape[1], y_stride=rows)
+    return run(f"matmul_{suffix}", buffers=[args, w, xq, y], outputs=[3], grid=(-(-rows // 32), -(-n_tok // 32), 1),
+               threads=(128, 1, 1), tg_mem=[2 * 32 * 32 * 4])[0]
+
+
+def dequantize(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """[rows, n] floats: the values the mat-mat tile loaders produce."""
+    n, rows = shape
+    _, elems, bsize, _ = QTYPES[qtype]
+    w = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    out = np.zeros((rows, n), np.float32)
+    args = _struct(n=n, rows=rows, row_bytes=n // elems * bsize, n_tok=0, act_bytes=0, y_stride=0)
+    return run("dequantize_rows", buffers=[args, w, out], outputs=[2], grid=(-(-n // 8), rows, 1), threads=(8, 4, 1),
+               grid_is_threads=True, constants={0: qtype})[0]
