@@ -24,3 +24,8 @@ struct ds4_quant_act_args {
     uint n;            // elements per row
     uint act_bytes;    // bytes of one quantised row
 };
+
+struct ds4_fp_args {
+    uint n;            // values per row that the op covers
+    uint row_stride;   // floats between rows
+};

@@ -220,6 +220,11 @@ inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline float divide(float a, float b) { return a / b; }
 }  // namespace fast
 
+// Integer bit functions.
+inline uint clz(uint x) { return x ? (uint)__builtin_clz(x) : 32u; }
+inline uint ctz(uint x) { return x ? (uint)__builtin_ctz(x) : 32u; }
+inline uint popcount(uint x) { return (uint)__builtin_popcount(x); }
+
 // Bit casts between same-sized types.
 template <class To, class From> To as_type(const From& v) {
     static_assert(sizeof(To) == sizeof(From), "as_type needs types of the same size");

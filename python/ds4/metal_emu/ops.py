@@ -39,8 +39,8 @@ def checked(lib: Library) -> Runner:
 
 
 def direct(lib: Library) -> Runner:
-    def run(kernel, *, buffers, outputs, **kw):
-        lib.dispatch(kernel, buffers=buffers, **kw)
+    def run(kernel, *, buffers, outputs, poison=None, **kw):
+        lib.dispatch(kernel, buffers=buffers, poison=outputs if poison is None else poison, **kw)
         return [buffers[i] for i in outputs]
     return run
 
@@ -117,3 +117,25 @@ def dequantize(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, int])
     args = _struct(n=n, rows=rows, row_bytes=n // elems * bsize, n_tok=0, act_bytes=0, y_stride=0)
     return run("dequantize_rows", buffers=[args, w, out], outputs=[2], grid=(-(-n // 8), rows, 1), threads=(8, 4, 1),
                grid_is_threads=True, constants={0: qtype})[0]
+
+
+def fp8_kv_roundtrip(run: Runner, x: np.ndarray, n_rot: int) -> np.ndarray:
+    """FP8 E4M3 round trip of dims [0, head_dim - n_rot) of each row, in blocks of 64."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1]).copy()
+    rows, head_dim = x.shape
+    return run("fp8_kv_roundtrip", buffers=[_struct(n=head_dim - n_rot, row_stride=head_dim), x], outputs=[1], poison=(),
+               grid=((head_dim - n_rot) // 64, rows, 1), threads=(32, 1, 1))[0]
+
+
+def fp4_roundtrip(run: Runner, x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1]).copy()
+    rows, n = x.shape
+    return run("fp4_roundtrip", buffers=[_struct(n=n, row_stride=n), x], outputs=[1], poison=(),
+               grid=(n // 32, rows, 1), threads=(32, 1, 1))[0]
+
+
+def indexer_qat(run: Runner, x: np.ndarray) -> np.ndarray:
+    """Hadamard-128 then FP4 on rows of 128."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 128).copy()
+    return run("indexer_qat", buffers=[_struct(n=128, row_stride=128), x], outputs=[1], poison=(),
+               grid=(1, x.shape[0], 1), threads=(32, 1, 1))[0]

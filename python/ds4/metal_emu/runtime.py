@@ -134,10 +134,11 @@ class Library:
 
 def run_orders(lib: Library, kernel: str, *, buffers: Sequence[Any], outputs: Sequence[int],
                orders: Sequence[tuple[str, int]] = (("forward", 0), ("reverse", 0), ("shuffle", 1234)),
-               **kw) -> list[np.ndarray]:
+               poison: Sequence[int] | None = None, **kw) -> list[np.ndarray]:
     """Dispatch `kernel` once per thread order on fresh copies of `buffers`, outputs NaN-poisoned
-    first; raise RaceError if any output differs in any bit between orders. Returns the outputs
-    (arrays of buffers[i] for i in `outputs`) of the first order."""
+    first (`poison` overrides which: in-place kernels pass ()); raise RaceError if any output
+    differs in any bit between orders. Returns the outputs (arrays of buffers[i] for i in
+    `outputs`) of the first order."""
     first: list[np.ndarray] | None = None
     for name, seed in orders:
         copies = []
@@ -148,7 +149,7 @@ def run_orders(lib: Library, kernel: str, *, buffers: Sequence[Any], outputs: Se
                 copies.append(b.copy())
             else:
                 copies.append(b)
-        lib.dispatch(kernel, buffers=copies, order=name, seed=seed, poison=outputs, **kw)
+        lib.dispatch(kernel, buffers=copies, order=name, seed=seed, poison=outputs if poison is None else poison, **kw)
         outs = [_as_array(copies[i])[0] for i in outputs]
         if first is None:
             first = outs
