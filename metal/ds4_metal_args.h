@@ -29,3 +29,23 @@ struct ds4_fp_args {
     uint n;            // values per row that the op covers
     uint row_stride;   // floats between rows
 };
+
+struct ds4_rope_args {
+    uint n_head, head_dim, n_rot;
+    uint pos0;           // row r of the batch is at position pos0 + r
+    float freq_scale, ext_factor, attn_factor, corr_low, corr_high, theta_scale, mscale_ext;
+    float sin_sign;      // +1 forward, -1 inverse
+};
+
+struct ds4_attn_args {
+    uint n_head, head_dim;
+    uint raw_cap, n_raw, raw_first;   // raw window: a ring of raw_cap rows, oldest at raw_first
+    uint n_comp;                      // compressed rows after the raw ones
+    float scale;                      // 1/sqrt(head_dim)
+};
+
+struct ds4_swiglu_args {
+    uint n;
+    float clamp;         // <= 1e-6: no clamp
+    float scale;
+};

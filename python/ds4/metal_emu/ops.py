@@ -139,3 +139,49 @@ def indexer_qat(run: Runner, x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 128).copy()
     return run("indexer_qat", buffers=[_struct(n=128, row_stride=128), x], outputs=[1], poison=(),
                grid=(1, x.shape[0], 1), threads=(32, 1, 1))[0]
+
+
+def rope_tail(run: Runner, x: np.ndarray, n_head: int, head_dim: int, n_rot: int, pos0: int, *,
+              freq_scale: float, ext_factor: float, attn_factor: float, corr_low: float, corr_high: float,
+              theta_scale: float, mscale_ext: float, inverse: bool = False) -> np.ndarray:
+    """RoPE (or its inverse) on rows of n_head * head_dim; row r at position pos0 + r. The float
+    parameters are the CPU's RopeParams fields (csrc/model/rope_params.h)."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, n_head * head_dim).copy()
+    dt = np.dtype([(k, "<u4") for k in ("n_head", "head_dim", "n_rot", "pos0")] +
+                  [(k, "<f4") for k in ("freq_scale", "ext_factor", "attn_factor", "corr_low", "corr_high",
+                                        "theta_scale", "mscale_ext", "sin_sign")])
+    args = np.array([(n_head, head_dim, n_rot, pos0, freq_scale, ext_factor, attn_factor, corr_low, corr_high,
+                      theta_scale, mscale_ext, -1.0 if inverse else 1.0)], dtype=dt).tobytes()
+    return run("rope_tail", buffers=[args, x], outputs=[1], poison=(), grid=(n_rot // 2, n_head, x.shape[0]),
+               threads=(min(32, n_rot // 2), 1, 1), grid_is_threads=True)[0]
+
+
+def swiglu(run: Runner, g: np.ndarray, u: np.ndarray, clamp: float, scale: float = 1.0) -> np.ndarray:
+    g = np.ascontiguousarray(g, dtype=np.float32).reshape(-1)
+    u = np.ascontiguousarray(u, dtype=np.float32).reshape(-1)
+    out = np.zeros_like(g)
+    return run("swiglu", buffers=[_struct(n=g.size, clamp=float(clamp), scale=float(scale)), g, u, out],
+               outputs=[3], grid=(g.size, 1, 1), threads=(64, 1, 1), grid_is_threads=True)[0]
+
+
+def attention(run: Runner, q: np.ndarray, raw: np.ndarray, n_raw: int, raw_first: int, comp: np.ndarray,
+              mask: np.ndarray | None, sinks: np.ndarray, n_head: int, head_dim: int,
+              simdgroups: int = 4) -> np.ndarray:
+    """Sink attention of every head over the raw ring (raw_cap rows, n_raw live from raw_first)
+    then the compressed rows (all, or those with mask != 0)."""
+    if head_dim % 32 or head_dim > 512:
+        raise ValueError(f"attention_decode needs head_dim a multiple of 32 up to 512, got {head_dim}")
+    q = np.ascontiguousarray(q, dtype=np.float32).reshape(-1)
+    raw = np.ascontiguousarray(raw, dtype=np.float32).reshape(-1, head_dim)
+    comp = np.ascontiguousarray(comp, dtype=np.float32).reshape(-1, head_dim)
+    n_comp = comp.shape[0]
+    comp_buf = comp if n_comp else np.zeros((1, head_dim), np.float32)
+    mask_buf = (np.ascontiguousarray(mask, dtype=np.uint8) if mask is not None and n_comp
+                else np.zeros(max(1, n_comp), np.uint8))
+    out = np.zeros(n_head * head_dim, np.float32)
+    args = _struct(n_head=n_head, head_dim=head_dim, raw_cap=raw.shape[0], n_raw=n_raw, raw_first=raw_first,
+                   n_comp=n_comp, scale=float(np.float32(1.0) / np.sqrt(np.float32(head_dim))))
+    tg = -(-simdgroups * (head_dim + 2) * 4 // 16) * 16
+    return run("attention_decode", buffers=[args, q, raw, comp_buf, mask_buf, np.ascontiguousarray(sinks, np.float32),
+                                            out], outputs=[6], grid=(n_head, 1, 1), threads=(32 * simdgroups, 1, 1),
+               tg_mem=[tg], constants={0: mask is not None})[0]
