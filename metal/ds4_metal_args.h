@@ -49,3 +49,11 @@ struct ds4_swiglu_args {
     float clamp;         // <= 1e-6: no clamp
     float scale;
 };
+
+struct ds4_hc_args {
+    uint n_hc;           // streams (n_hc * n_hc <= 32)
+    uint n_embd;
+    uint iters;          // Sinkhorn iterations
+    float eps;
+    uint mix_stride;     // floats between tokens' mix rows
+};

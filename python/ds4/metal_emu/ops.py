@@ -185,3 +185,34 @@ def attention(run: Runner, q: np.ndarray, raw: np.ndarray, n_raw: int, raw_first
     return run("attention_decode", buffers=[args, q, raw, comp_buf, mask_buf, np.ascontiguousarray(sinks, np.float32),
                                             out], outputs=[6], grid=(n_head, 1, 1), threads=(32 * simdgroups, 1, 1),
                tg_mem=[tg], constants={0: mask is not None})[0]
+
+
+def hc_split(run: Runner, mix: np.ndarray, scale: np.ndarray, base: np.ndarray, n_hc: int, iters: int,
+             eps: float) -> np.ndarray:
+    """Split rows [tokens, 2n + n^2] (pre, post, comb[src*n + dst]) from mix rows [tokens, >= 2n + n^2]."""
+    if n_hc * n_hc > 32:
+        raise ValueError(f"hc_split_sinkhorn runs n_hc^2 <= 32 entries in one simdgroup, got n_hc={n_hc}")
+    mix = np.ascontiguousarray(mix, dtype=np.float32).reshape(-1, mix.shape[-1])
+    out = np.zeros((mix.shape[0], 2 * n_hc + n_hc * n_hc), np.float32)
+    args = _struct(n_hc=n_hc, n_embd=0, iters=iters, eps=float(eps), mix_stride=mix.shape[1])
+    return run("hc_split_sinkhorn", buffers=[args, mix, np.ascontiguousarray(scale, np.float32),
+                                             np.ascontiguousarray(base, np.float32), out], outputs=[4],
+               grid=(mix.shape[0], 1, 1), threads=(32, 1, 1))[0]
+
+
+def hc_weighted_sum(run: Runner, H: np.ndarray, split: np.ndarray, n_hc: int, n_embd: int) -> np.ndarray:
+    H = np.ascontiguousarray(H, dtype=np.float32).reshape(-1, n_hc * n_embd)
+    x = np.zeros((H.shape[0], n_embd), np.float32)
+    args = _struct(n_hc=n_hc, n_embd=n_embd, iters=0, eps=0.0, mix_stride=0)
+    return run("hc_weighted_sum", buffers=[args, H, np.ascontiguousarray(split, np.float32), x], outputs=[3],
+               grid=(n_embd, H.shape[0], 1), threads=(64, 1, 1), grid_is_threads=True)[0]
+
+
+def hc_post(run: Runner, block: np.ndarray, residual: np.ndarray, split: np.ndarray, n_hc: int) -> np.ndarray:
+    block = np.ascontiguousarray(block, dtype=np.float32).reshape(-1, block.shape[-1])
+    tokens, n_embd = block.shape
+    residual = np.ascontiguousarray(residual, dtype=np.float32).reshape(tokens, n_hc * n_embd)
+    out = np.zeros_like(residual)
+    args = _struct(n_hc=n_hc, n_embd=n_embd, iters=0, eps=0.0, mix_stride=0)
+    return run("hc_post", buffers=[args, block, residual, np.ascontiguousarray(split, np.float32), out], outputs=[4],
+               grid=(n_embd, n_hc, tokens), threads=(64, 1, 1), grid_is_threads=True)[0]
