@@ -335,14 +335,19 @@ inline bool simd_all(bool b, DS4EMU_SITE) {
 }
 
 // ---- simdgroup_matrix (8x8) ------------------------------------------------------------------
-// The operation is uniform across the simdgroup, so every lane keeps the whole matrix and the
-// multiply needs no communication. Loads and stores are bracketed by two simd synchronisations,
-// so they behave as one lock-step instruction of the simdgroup: every lane's earlier writes are
-// visible to the load, and no lane overwrites a source before all lanes loaded it. A store writes
-// only the two elements the lane owns, so a race between simdgroups is still visible.
+// The hardware executes these as one instruction of the whole simdgroup (lanes in lock step).
+// Here: a load is one collective after which the first lane resumed reads the matrix for all
+// (memory as of the moment every lane arrived) and every lane keeps a full copy; a
+// multiply-accumulate computes only the two elements the lane owns (elements 2*lane and
+// 2*lane+1, row-major), leaving the others NaN, so the multiply costs each lane 1/32 of the work;
+// a store, or a product used again as a multiply operand, first gathers the owned elements from
+// every lane through one collective. A store then writes the whole matrix once. Two simdgroups
+// storing to one place without a barrier still race visibly under different thread orders.
 template <class T, int R, int C>
 struct simdgroup_matrix {
-    T m[R][C];  // row-major: m[row][col]
+    static_assert(R * C == 2 * ds4emu::kSimdWidth, "8x8 simdgroup matrices: two elements per lane");
+    T m[R][C];              // row-major: m[row][col]
+    bool distributed = false;  // true: only this lane's two elements are valid
     simdgroup_matrix() { for (int r = 0; r < R; ++r) for (int c = 0; c < C; ++c) m[r][c] = T(0); }
     explicit simdgroup_matrix(T v) { for (int r = 0; r < R; ++r) for (int c = 0; c < C; ++c) m[r][c] = v; }
 };
@@ -353,50 +358,88 @@ template <class T, int R, int C> simdgroup_matrix<T, R, C> make_filled_simdgroup
     return simdgroup_matrix<T, R, C>(v);
 }
 
+namespace detail {
+// Every lane contributes its two owned elements; each gets the full matrix back.
+template <class T, int R, int C>
+simdgroup_matrix<T, R, C> gather(const simdgroup_matrix<T, R, C>& a, const ds4emu::Exchange*& ex_out,
+                                 const char* op, const char* file, unsigned line) {
+    const uint32_t lane = ds4emu::current_lane();
+    T own[2] = {a.m[(2 * lane) / C][(2 * lane) % C], a.m[(2 * lane + 1) / C][(2 * lane + 1) % C]};
+    const ds4emu::Exchange& ex = ds4emu::simd_exchange(op, own, sizeof own, file, line);
+    simdgroup_matrix<T, R, C> full;
+    for (uint32_t l = 0; l < ds4emu::kSimdWidth; ++l) {
+        const T* v = reinterpret_cast<const T*>(ex.slot[l]);
+        full.m[(2 * l) / C][(2 * l) % C] = v[0];
+        full.m[(2 * l + 1) / C][(2 * l + 1) % C] = v[1];
+    }
+    ex_out = &ex;
+    return full;
+}
+}  // namespace detail
+
 // origin = (column, row) of the block's first element, as in MSL's ulong2 origin.
 template <class T, class S, int R, int C>
 void simdgroup_load(simdgroup_matrix<T, R, C>& d, const S* src, ulong elements_per_row = C,
                     vec<ulong, 2> origin = vec<ulong, 2>(0, 0), bool transpose = false, DS4EMU_SITE) {
-    simdgroup_barrier(mem_flags::mem_none, file, line);
-    const S* base = src + origin.y * elements_per_row + origin.x;
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c)
-            d.m[r][c] = transpose ? T(base[(ulong)c * elements_per_row + r]) : T(base[(ulong)r * elements_per_row + c]);
-    simdgroup_barrier(mem_flags::mem_none, file, line);
+    static_assert(sizeof(T) * R * C <= sizeof(ds4emu::Exchange::shared), "matrix too large");
+    const char nothing = 0;
+    const ds4emu::Exchange& ex = ds4emu::simd_exchange("simdgroup_load", &nothing, 1, file, line);
+    T* snap = reinterpret_cast<T*>(ex.shared);
+    if (!ex.shared_ready) {
+        const S* base = src + origin.y * elements_per_row + origin.x;
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c)
+                snap[r * C + c] = transpose ? T(base[(ulong)c * elements_per_row + r]) : T(base[(ulong)r * elements_per_row + c]);
+        ex.shared_ready = true;
+    }
+    std::memcpy(d.m, snap, sizeof d.m);
+    d.distributed = false;
 }
 
 template <class T, class S, int R, int C>
 void simdgroup_store(const simdgroup_matrix<T, R, C>& a, S* dst, ulong elements_per_row = C,
                      vec<ulong, 2> origin = vec<ulong, 2>(0, 0), bool transpose = false, DS4EMU_SITE) {
-    simdgroup_barrier(mem_flags::mem_none, file, line);
-    S* base = dst + origin.y * elements_per_row + origin.x;
-    const uint32_t lane = ds4emu::current_lane();
-    for (uint32_t k = 2 * lane; k < 2 * lane + 2 && k < (uint32_t)(R * C); ++k) {
-        const int r = (int)k / C, c = (int)k % C;
-        if (transpose) base[(ulong)c * elements_per_row + r] = S(a.m[r][c]);
-        else base[(ulong)r * elements_per_row + c] = S(a.m[r][c]);
+    const ds4emu::Exchange* ex = nullptr;
+    const simdgroup_matrix<T, R, C> full = detail::gather(a, ex, "simdgroup_store", file, line);
+    if (!ex->shared_ready) {
+        S* base = dst + origin.y * elements_per_row + origin.x;
+        for (uint32_t l = 0; l < ds4emu::kSimdWidth; ++l) {
+            if (!((ex->active >> l) & 1u)) continue;  // a lane that is not there stores nothing
+            for (uint32_t k = 2 * l; k < 2 * l + 2; ++k) {
+                const int r = (int)k / C, c = (int)k % C;
+                if (transpose) base[(ulong)c * elements_per_row + r] = S(full.m[r][c]);
+                else base[(ulong)r * elements_per_row + c] = S(full.m[r][c]);
+            }
+        }
+        ex->shared_ready = true;
     }
-    simdgroup_barrier(mem_flags::mem_none, file, line);
 }
 
-// d = a*b + c. Each element sums its eight products in k order in float (the hardware's order and
-// any fusion are unknown: tests compare with a tolerance), rounded once to the result type.
+// d = a*b + c. Each element sums its eight products in k order in float, starting from c (the
+// hardware's order and any fusion are unknown: tests compare with a tolerance), rounded once to
+// the result type. Only the calling lane's two elements are computed.
 template <class T, class TA, class TB, class TC, int M, int K, int N>
 void simdgroup_multiply_accumulate(simdgroup_matrix<T, M, N>& d, const simdgroup_matrix<TA, M, K>& a,
-                                   const simdgroup_matrix<TB, K, N>& b, const simdgroup_matrix<TC, M, N>& c) {
-    simdgroup_matrix<T, M, N> r;
-    for (int i = 0; i < M; ++i)
-        for (int j = 0; j < N; ++j) {
-            float s = (float)c.m[i][j];
-            for (int k = 0; k < K; ++k) s += (float)a.m[i][k] * (float)b.m[k][j];
-            r.m[i][j] = T(s);
-        }
+                                   const simdgroup_matrix<TB, K, N>& b, const simdgroup_matrix<TC, M, N>& c,
+                                   DS4EMU_SITE) {
+    const ds4emu::Exchange* ex = nullptr;
+    const simdgroup_matrix<TA, M, K> A = a.distributed ? detail::gather(a, ex, "simdgroup_multiply_accumulate", file, line) : a;
+    const simdgroup_matrix<TB, K, N> B = b.distributed ? detail::gather(b, ex, "simdgroup_multiply_accumulate", file, line) : b;
+    const uint32_t lane = ds4emu::current_lane();
+    simdgroup_matrix<T, M, N> r(T(NAN));
+    for (uint32_t k = 2 * lane; k < 2 * lane + 2; ++k) {
+        const int i = (int)k / N, j = (int)k % N;
+        float s = (float)c.m[i][j];
+        for (int q = 0; q < K; ++q) s += (float)A.m[i][q] * (float)B.m[q][j];
+        r.m[i][j] = T(s);
+    }
+    r.distributed = true;
     d = r;
 }
 template <class T, class TA, class TB, int M, int K, int N>
 void simdgroup_multiply(simdgroup_matrix<T, M, N>& d, const simdgroup_matrix<TA, M, K>& a,
-                        const simdgroup_matrix<TB, K, N>& b) {
-    simdgroup_multiply_accumulate(d, a, b, simdgroup_matrix<T, M, N>());
+                        const simdgroup_matrix<TB, K, N>& b, DS4EMU_SITE) {
+    simdgroup_multiply_accumulate(d, a, b, simdgroup_matrix<T, M, N>(), file, line);
 }
 
 #undef DS4EMU_SITE

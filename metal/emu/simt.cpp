@@ -352,6 +352,7 @@ int release_simdgroups(uint32_t n_threads) {
         // All live lanes are at the same collective: publish who took part, poison the others.
         Exchange& ex = r.sg[s0 / kSimdWidth].buf[first_simd->exchanges & 1];
         ex.active = 0;
+        ex.shared_ready = false;
         for (uint32_t t = s0; t < s0 + kSimdWidth; ++t) {
             const uint32_t lane = t - s0;
             if (t < s1 && r.fibers[t].state == State::AtSimd) {

@@ -42,9 +42,16 @@ struct ThreadCtx {
 // One lane-to-lane exchange: every participating lane's value, and which lanes took part.
 // Slots of lanes that did not take part hold all-ones bytes (NaN for floats) so a shuffle from
 // an inactive lane shows up in the result instead of passing silently.
+//
+// `shared` is a per-release scratch for operations the whole simdgroup performs as one
+// instruction (simdgroup_matrix load/store): the first lane resumed after the release does the
+// memory access for all lanes and sets shared_ready, so the access sees memory exactly as it
+// was when the last lane arrived, whatever order the lanes then run in.
 struct Exchange {
     alignas(16) unsigned char slot[kSimdWidth][kExchangeBytes];
     uint32_t active;  // bit i: lane i took part
+    alignas(16) mutable unsigned char shared[512];
+    mutable bool shared_ready;
 };
 
 // Park the calling fiber at a threadgroup barrier (returns when the whole group arrived).
