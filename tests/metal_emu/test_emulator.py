@@ -132,3 +132,9 @@ def test_kernel_classification():
     k = {k.name: k for k in files["norm.metal"].kernels}["rms_norm_f32"]
     assert k.needs_fibers and [c.name for c in k.constants] == ["FC_NORM_WEIGHTED"]
     assert k.buffer_indices == [0, 1, 2, 3] and k.threadgroup_indices == [0]
+
+
+def test_simdgroup_matrix_store_race_is_caught(emu):
+    with pytest.raises(RaceError, match="fault_matrix_store_race"):
+        run_orders(emu, "fault_matrix_store_race", buffers=[np.zeros(64, np.float32)], outputs=[0], grid=(1, 1, 1),
+                   threads=(64, 1, 1))
