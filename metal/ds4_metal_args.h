@@ -57,3 +57,19 @@ struct ds4_hc_args {
     float eps;
     uint mix_stride;     // floats between tokens' mix rows
 };
+
+struct ds4_indexer_args {
+    uint n_rows;       // compressed indexer rows to score
+    uint n_head, head_dim;
+    float w_scale;     // 1/sqrt(head_dim * n_head), applied to the head weights
+};
+
+struct ds4_topk_args {
+    uint n, k;
+};
+
+struct ds4_pool_args {
+    uint head_dim;
+    uint ratio;        // 4 (two overlapping lanes) or 128
+    uint width;        // floats per frontier row: coff(ratio) * head_dim
+};

@@ -216,3 +216,36 @@ def hc_post(run: Runner, block: np.ndarray, residual: np.ndarray, split: np.ndar
     args = _struct(n_hc=n_hc, n_embd=n_embd, iters=0, eps=0.0, mix_stride=0)
     return run("hc_post", buffers=[args, block, residual, np.ascontiguousarray(split, np.float32), out], outputs=[4],
                grid=(n_embd, n_hc, tokens), threads=(64, 1, 1), grid_is_threads=True)[0]
+
+
+def indexer_scores(run: Runner, q: np.ndarray, w: np.ndarray, rows: np.ndarray, n_head: int, head_dim: int,
+                   simdgroups: int = 2) -> np.ndarray:
+    """Scores of `rows` [n_rows, head_dim] against prepared queries q [n_head, head_dim] and head
+    weights w [n_head] (scaled by 1/sqrt(head_dim * n_head) inside)."""
+    if head_dim % 32 or head_dim > 256:
+        raise ValueError(f"indexer_scores needs head_dim a multiple of 32 up to 256, got {head_dim}")
+    rows = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1, head_dim)
+    n_rows = rows.shape[0]
+    scores = np.zeros(n_rows, np.float32)
+    w_scale = float(np.float32(1.0) / np.sqrt(np.float32(head_dim * n_head)))
+    return run("indexer_scores", buffers=[_struct(n_rows=n_rows, n_head=n_head, head_dim=head_dim, w_scale=w_scale),
+                                          np.ascontiguousarray(q, np.float32).reshape(-1),
+                                          np.ascontiguousarray(w, np.float32), rows, scores], outputs=[4],
+               grid=(-(-n_rows // simdgroups), 1, 1), threads=(32 * simdgroups, 1, 1))[0]
+
+
+def top_k_mask(run: Runner, scores: np.ndarray, k: int) -> np.ndarray:
+    scores = np.ascontiguousarray(scores, dtype=np.float32)
+    mask = np.zeros(scores.size, np.uint8)
+    return run("top_k_mask", buffers=[_struct(n=scores.size, k=k), scores, mask], outputs=[2],
+               grid=(scores.size, 1, 1), threads=(64, 1, 1), grid_is_threads=True)[0]
+
+
+def compressor_pool_state(run: Runner, kv: np.ndarray, score: np.ndarray, head_dim: int, ratio: int) -> np.ndarray:
+    """Pooled row [head_dim] of a compressor frontier (kv/score: [rows, coff*head_dim])."""
+    kv = np.ascontiguousarray(kv, dtype=np.float32)
+    score = np.ascontiguousarray(score, dtype=np.float32)
+    out = np.zeros(head_dim, np.float32)
+    return run("compressor_pool_state", buffers=[_struct(head_dim=head_dim, ratio=ratio, width=kv.shape[1]), kv,
+                                                 score, out], outputs=[3], grid=(head_dim, 1, 1),
+               threads=(min(64, head_dim), 1, 1), grid_is_threads=True, constants={0: ratio == 4})[0]
