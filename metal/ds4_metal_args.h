@@ -73,3 +73,18 @@ struct ds4_pool_args {
     uint ratio;        // 4 (two overlapping lanes) or 128
     uint width;        // floats per frontier row: coff(ratio) * head_dim
 };
+
+struct ds4_router_args {
+    uint n_expert, n_used;
+    float weight_scale;
+};
+
+// Expert-indexed mat-vec: slot s multiplies expert ids[s]'s matrix (expert_bytes apart) with the
+// activation row at x + s * x_slot_bytes (0: every slot shares one), into y[s * rows ...].
+struct ds4_matvec_experts_args {
+    uint n, rows, row_bytes;
+    uint n_slots;
+    uint expert_bytes;
+    uint x_slot_bytes;
+    uint n_expert;
+};

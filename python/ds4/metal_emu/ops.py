@@ -249,3 +249,41 @@ def compressor_pool_state(run: Runner, kv: np.ndarray, score: np.ndarray, head_d
     return run("compressor_pool_state", buffers=[_struct(head_dim=head_dim, ratio=ratio, width=kv.shape[1]), kv,
                                                  score, out], outputs=[3], grid=(head_dim, 1, 1),
                threads=(min(64, head_dim), 1, 1), grid_is_threads=True, constants={0: ratio == 4})[0]
+
+
+def matvec_experts(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, int, int], ids: np.ndarray,
+                   xq: np.ndarray) -> np.ndarray:
+    """y[s] = expert ids[s] (of shape (n, rows, n_expert)) times activation row s of xq, or of
+    its only row when xq has one row (shared activation)."""
+    n, rows, n_expert = shape
+    suffix, elems, bsize, _ = QTYPES[qtype]
+    xq = np.ascontiguousarray(xq).reshape(-1, xq.shape[-1])
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    k = ids.size
+    row_bytes = n // elems * bsize
+    y = np.zeros((k, rows), np.float32)
+    args = _struct(n=n, rows=rows, row_bytes=row_bytes, n_slots=k, expert_bytes=row_bytes * rows,
+                   x_slot_bytes=0 if xq.shape[0] == 1 else xq.shape[1], n_expert=n_expert)
+    per_group = MV_ROWS * MV_SIMDGROUPS
+    return run(f"matvec_experts_{suffix}", buffers=[args, np.ascontiguousarray(raw).view(np.uint8).reshape(-1), xq,
+                                                    ids, y], outputs=[4],
+               grid=(-(-rows // per_group), k, 1), threads=(32 * MV_SIMDGROUPS, 1, 1))[0]
+
+
+def router(run: Runner, logits: np.ndarray, bias: np.ndarray | None, hash_rows: np.ndarray | None, n_used: int,
+           weight_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(sel [tokens, n_used] int32, weights [tokens, n_used]) from logits [tokens, n_expert];
+    hash_rows [tokens, n_used] (the table rows of each token) selects hash routing."""
+    logits = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1])
+    tokens, n_expert = logits.shape
+    if n_expert > 1024 or n_expert % 32:
+        raise ValueError(f"router runs one thread per expert: n_expert must be a multiple of 32 up to 1024, got {n_expert}")
+    b = np.ascontiguousarray(bias, np.float32) if bias is not None else np.zeros(n_expert, np.float32)
+    h = np.ascontiguousarray(hash_rows, np.int32) if hash_rows is not None else np.zeros((1,), np.int32)
+    sel = np.zeros((tokens, n_used), np.int32)
+    w = np.zeros((tokens, n_used), np.float32)
+    tg = -(-(2 * n_expert + n_used) * 4 // 16) * 16
+    out = run("router", buffers=[_struct(n_expert=n_expert, n_used=n_used, weight_scale=float(weight_scale)), logits,
+                                 b, h, sel, w], outputs=[4, 5], grid=(tokens, 1, 1), threads=(n_expert, 1, 1),
+              tg_mem=[tg], constants={0: hash_rows is not None})
+    return out[0], out[1]
