@@ -11,12 +11,15 @@ using namespace metal;
 // true: experts come from the hash table (first layers); false: biased top-k.
 constant bool FC_ROUTER_HASH [[function_constant(0)]];
 
-// log(1 + e) without losing e when it is tiny (MSL has no log1p).
+// log(1 + e) to a few ulps for any e >= 0 (MSL has no log1p): log(u) * e / (u - 1) with u = 1 + e
+// cancels the rounding of u (Goldberg's formulation). Needs IEEE arithmetic (no fast-math
+// reassociation of u - 1).
 static float ds4_log1p_small(float e) {
-    if (e < 1.0e-4f) {
-        return e * (1.0f - e * (0.5f - e * (1.0f / 3.0f)));
+    const float u = 1.0f + e;
+    if (u == 1.0f) {
+        return e;
     }
-    return log(1.0f + e);
+    return log(u) * (e / (u - 1.0f));
 }
 
 static float ds4_softplus(float x) {
