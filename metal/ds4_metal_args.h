@@ -88,3 +88,21 @@ struct ds4_matvec_experts_args {
     uint x_slot_bytes;
     uint n_expert;
 };
+
+struct ds4_elementwise_args {
+    uint n;            // elements
+    float value;       // fill value
+};
+
+struct ds4_comp_store_args {
+    uint width;        // coff * head_dim
+    uint row;          // frontier row written (ratio 4: 4 + pos % 4; else pos % ratio)
+    uint shift_rows;   // compressor_shift: rows copied down (4)
+};
+
+struct ds4_embed_args {
+    uint n_embd;
+    uint row_bytes;    // bytes per table row
+    uint n_vocab;
+    uint n_hc;         // copies per token
+};

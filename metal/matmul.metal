@@ -190,3 +190,39 @@ kernel void dequantize_rows(constant ds4_matvec_args& a [[buffer(0)]], device co
         out[(ulong)gid.y * a.n + k + j] = v[j];
     }
 }
+
+// Token embeddings replicated into the n_hc residual streams: out[t][h][...] = dequantised row
+// tokens[t] of the table (weight type FC_DEQ_TYPE), the tile loaders' values. Ids outside the
+// vocabulary give NaN rows. Grid (threads): (n_embd / 8 rounded up, tokens).
+kernel void embed_rows_hc(constant ds4_embed_args& a [[buffer(0)]], device const uchar* table [[buffer(1)]],
+                          device const int* tokens [[buffer(2)]], device float* out [[buffer(3)]],
+                          uint2 gid [[thread_position_in_grid]]) {
+    const uint k = gid.x * 8, t = gid.y;
+    const int id = tokens[t];
+    float v[8];
+    if (id < 0 || uint(id) >= a.n_vocab) {
+        for (uint j = 0; j < 8; ++j) {
+            v[j] = NAN;
+        }
+    } else {
+        device const uchar* row = table + (ulong)id * a.row_bytes;
+        if (FC_DEQ_TYPE == DS4_T_F32) {
+            ds4_mm_weights8<DS4_T_F32>(row, k, a.n_embd, v);
+        } else if (FC_DEQ_TYPE == DS4_T_F16) {
+            ds4_mm_weights8<DS4_T_F16>(row, k, a.n_embd, v);
+        } else if (FC_DEQ_TYPE == DS4_T_Q8_0) {
+            ds4_mm_weights8<DS4_T_Q8_0>(row, k, a.n_embd, v);
+        } else if (FC_DEQ_TYPE == DS4_T_Q2_K) {
+            ds4_mm_weights8<DS4_T_Q2_K>(row, k, a.n_embd, v);
+        } else if (FC_DEQ_TYPE == DS4_T_Q4_K) {
+            ds4_mm_weights8<DS4_T_Q4_K>(row, k, a.n_embd, v);
+        } else {
+            ds4_mm_weights8<DS4_T_IQ2_XXS>(row, k, a.n_embd, v);
+        }
+    }
+    for (uint h = 0; h < a.n_hc; ++h) {
+        for (uint j = 0; j < 8 && k + j < a.n_embd; ++j) {
+            out[((ulong)t * a.n_hc + h) * a.n_embd + k + j] = v[j];
+        }
+    }
+}

@@ -287,3 +287,61 @@ def router(run: Runner, logits: np.ndarray, bias: np.ndarray | None, hash_rows: 
                                  b, h, sel, w], outputs=[4, 5], grid=(tokens, 1, 1), threads=(n_expert, 1, 1),
               tg_mem=[tg], constants={0: hash_rows is not None})
     return out[0], out[1]
+
+
+def add(run: Runner, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a, np.float32).reshape(-1)
+    out = np.zeros_like(a)
+    return run("add_f32", buffers=[_struct(n=a.size, value=0.0), a, np.ascontiguousarray(b, np.float32).reshape(-1),
+                                   out], outputs=[3], grid=(a.size, 1, 1), threads=(64, 1, 1), grid_is_threads=True)[0]
+
+
+def fill(run: Runner, n: int, value: float) -> np.ndarray:
+    out = np.zeros(n, np.float32)
+    return run("fill_f32", buffers=[_struct(n=n, value=float(value)), out], outputs=[1], grid=(n, 1, 1),
+               threads=(64, 1, 1), grid_is_threads=True)[0]
+
+
+def store_row_f16(run: Runner, src: np.ndarray) -> np.ndarray:
+    src = np.ascontiguousarray(src, np.float32).reshape(-1)
+    out = np.zeros_like(src)
+    return run("store_row_f16", buffers=[_struct(n=src.size, value=0.0), src, out], outputs=[2],
+               grid=(src.size, 1, 1), threads=(64, 1, 1), grid_is_threads=True)[0]
+
+
+def argmax(run: Runner, x: np.ndarray, threads: int = 256) -> int:
+    x = np.ascontiguousarray(x, np.float32).reshape(-1)
+    res = np.zeros(1, np.int32)
+    return int(run("argmax_f32", buffers=[_struct(n=x.size, value=0.0), x, res], outputs=[2], grid=(1, 1, 1),
+                   threads=(threads, 1, 1), tg_mem=[256])[0][0])
+
+
+def compressor_store(run: Runner, ape_row: np.ndarray, kv_cur: np.ndarray, score_cur: np.ndarray,
+                     state_kv: np.ndarray, state_score: np.ndarray, row: int):
+    """(score_cur + ape, state_kv, state_score) after writing frontier row `row`."""
+    width = kv_cur.size
+    args = np.array([(width, row, 0)], dtype=[("w", "<u4"), ("r", "<u4"), ("s", "<u4")]).tobytes()
+    bufs = [args, np.ascontiguousarray(ape_row, np.float32), np.ascontiguousarray(kv_cur, np.float32),
+            np.ascontiguousarray(score_cur, np.float32).copy(), np.ascontiguousarray(state_kv, np.float32).copy(),
+            np.ascontiguousarray(state_score, np.float32).copy()]
+    return run("compressor_store", buffers=bufs, outputs=[3, 4, 5], poison=(), grid=(width, 1, 1),
+               threads=(64, 1, 1), grid_is_threads=True)
+
+
+def compressor_shift(run: Runner, state_kv: np.ndarray, state_score: np.ndarray):
+    width = state_kv.shape[1]
+    args = np.array([(width, 0, 4)], dtype=[("w", "<u4"), ("r", "<u4"), ("s", "<u4")]).tobytes()
+    return run("compressor_shift", buffers=[args, np.ascontiguousarray(state_kv, np.float32).copy(),
+                                            np.ascontiguousarray(state_score, np.float32).copy()],
+               outputs=[1, 2], poison=(), grid=(width, 4, 1), threads=(64, 1, 1), grid_is_threads=True)
+
+
+def embed_rows_hc(run: Runner, qtype: int, table: np.ndarray, shape: tuple[int, int], tokens, n_hc: int) -> np.ndarray:
+    n_embd, n_vocab = shape
+    _, elems, bsize, _ = QTYPES[qtype]
+    tokens = np.ascontiguousarray(tokens, np.int32)
+    out = np.zeros((tokens.size, n_hc, n_embd), np.float32)
+    args = _struct(n_embd=n_embd, row_bytes=n_embd // elems * bsize, n_vocab=n_vocab, n_hc=n_hc)
+    return run("embed_rows_hc", buffers=[args, np.ascontiguousarray(table).view(np.uint8).reshape(-1), tokens, out],
+               outputs=[3], grid=(-(-n_embd // 8), tokens.size, 1), threads=(8, 4, 1), grid_is_threads=True,
+               constants={0: qtype})[0]
