@@ -1,7 +1,7 @@
 // IQ2_XXS lookup tables for the Metal kernels: the standard ggml lattice (256 entries of 8 bytes,
 // each byte 8, 25 or 43) and the 128 even-parity sign bytes. Same values as
 // csrc/quant/iq2xxs_tables.h (generated there from gguf-py); keep the two identical
-// (tests/metal_emu/test_quant.py compares them).
+// (tests/metal_emu/test_metal_quant.py compares them).
 #pragma once
 
 constant const ulong ds4_iq2xxs_grid[256] = {

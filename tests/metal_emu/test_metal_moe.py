@@ -10,7 +10,7 @@ import ds4._core as core
 from ds4.metal_emu import ops
 from ds4.reference.numerics import softplus
 from test_quant_blocks import activation, random_weights
-from test_quant import _bound, _check
+from test_metal_quant import _bound, _check
 
 U = 2.0**-24
 FAST = settings(max_examples=10, deadline=None)
