@@ -97,3 +97,25 @@ kernel void hc_post(constant ds4_hc_args& a [[buffer(0)]],
     }
     out[(ulong)tok * n * a.n_embd + dst * a.n_embd + d] = acc;
 }
+
+static float ds4_sigmoid_stable(float x) {
+    if (x >= 0.0f) {
+        return 1.0f / (1.0f + exp(-x));
+    }
+    const float e = exp(x);
+    return e / (1.0f + e);
+}
+
+// Output head: the stream weights sigmoid(pre * scale + base) + eps (the stable sigmoid, unlike
+// the split's), written to the pre slots of a split row so hc_weighted_sum collapses the streams.
+// Grid (threads): (n_hc, tokens).
+kernel void hc_collapse_weights(constant ds4_hc_args& a [[buffer(0)]],
+                                device const float* pre [[buffer(1)]],
+                                device const float* scale [[buffer(2)]],
+                                device const float* base [[buffer(3)]],
+                                device float* split [[buffer(4)]],
+                                uint2 gid [[thread_position_in_grid]]) {
+    const uint n = a.n_hc, h = gid.x, tok = gid.y;
+    const float z = pre[(ulong)tok * a.mix_stride + h] * scale[0] + base[h];
+    split[(ulong)tok * (2 * n + n * n) + h] = ds4_sigmoid_stable(z) + a.eps;
+}

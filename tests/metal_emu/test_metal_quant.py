@@ -167,3 +167,17 @@ def test_matmul_tolerance_catches_a_misplaced_row(emu):
     swapped[:, [31, 32]] = got[:, [32, 31]]        # rows across the tile edge exchanged
     with pytest.raises(AssertionError, match="max err/bound"):
         _check(swapped, want, bound)
+
+
+def test_grouped_output_a_binds_weights_at_offsets(emu):
+    """Buffers bound at byte offsets (the zero-copy weight views a host uses) reach the right rows."""
+    qtype, group_dim, n_group, rank = Q.Q8_0, 64, 3, 5
+    raw = random_weights(qtype, group_dim, n_group * rank, 4)
+    heads = activation(n_group * group_dim, 5, "normal")
+    got = ops.grouped_output_a(ops.checked(emu), int(qtype), raw, (group_dim, n_group * rank), heads, n_group, rank)
+    per_row = raw.reshape(n_group * rank, -1)
+    for g in range(n_group):
+        w = per_row[g * rank:(g + 1) * rank].reshape(-1)
+        x = heads[g * group_dim:(g + 1) * group_dim]
+        want = core.matvec(int(qtype), w, (group_dim, rank), x)[None]
+        _check(got[None, g * rank:(g + 1) * rank], want, _bound(qtype, w, group_dim, rank, None, x))

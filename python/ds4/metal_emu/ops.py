@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from .runtime import Library, run_orders
+from .runtime import Buffer, Library, run_orders
 
 __all__ = ["checked", "direct", "QTYPES", "act_bytes", "quantize_act", "matvec", "matmul", "dequantize", "rms_norm"]
 
@@ -345,3 +345,35 @@ def embed_rows_hc(run: Runner, qtype: int, table: np.ndarray, shape: tuple[int, 
     return run("embed_rows_hc", buffers=[args, np.ascontiguousarray(table).view(np.uint8).reshape(-1), tokens, out],
                outputs=[3], grid=(-(-n_embd // 8), tokens.size, 1), threads=(8, 4, 1), grid_is_threads=True,
                constants={0: qtype})[0]
+
+
+def hc_collapse_weights(run: Runner, pre: np.ndarray, scale: np.ndarray, base: np.ndarray, n_hc: int,
+                        eps: float) -> np.ndarray:
+    """Split rows whose pre slots hold the output head's stream weights (other slots NaN)."""
+    pre = np.ascontiguousarray(pre, dtype=np.float32).reshape(-1, pre.shape[-1])
+    out = np.zeros((pre.shape[0], 2 * n_hc + n_hc * n_hc), np.float32)
+    args = _struct(n_hc=n_hc, n_embd=0, iters=0, eps=float(eps), mix_stride=pre.shape[1])
+    return run("hc_collapse_weights", buffers=[args, pre, np.ascontiguousarray(scale, np.float32),
+                                               np.ascontiguousarray(base, np.float32), out], outputs=[4],
+               grid=(n_hc, pre.shape[0], 1), threads=(n_hc, 1, 1), grid_is_threads=True)[0]
+
+
+def grouped_output_a(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, int], heads: np.ndarray,
+                     n_group: int, rank: int) -> np.ndarray:
+    """low[g*rank + r] = dot(Wa row g*rank + r, heads group g): one mat-vec per group over the same
+    weight buffer bound at the group's byte offset (no copy), its activation quantised per group."""
+    group_dim, out = shape
+    suffix, elems, bsize, _ = QTYPES[qtype]
+    row_bytes = group_dim // elems * bsize
+    w = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    heads = np.ascontiguousarray(heads, dtype=np.float32).reshape(n_group, group_dim)
+    xq = quantize_act(run, qtype, heads)                       # [n_group, act_bytes]
+    low = np.zeros(n_group * rank, np.float32)
+    per_group = MV_ROWS * MV_SIMDGROUPS
+    for g in range(n_group):
+        args = _struct(n=group_dim, rows=rank, row_bytes=row_bytes, n_tok=1, act_bytes=xq.shape[1], y_stride=rank)
+        part = np.zeros(rank, np.float32)
+        part = run(f"matvec_{suffix}", buffers=[args, Buffer(w, g * rank * row_bytes), Buffer(xq, g * xq.shape[1]), part],
+                   outputs=[3], grid=(-(-rank // per_group), 1, 1), threads=(32 * MV_SIMDGROUPS, 1, 1))[0]
+        low[g * rank:(g + 1) * rank] = part
+    return low
