@@ -7,6 +7,9 @@
  * for dispatchThreads-style partial edge groups). Python drives it through ctypes
  * (ds4.metal_emu); the C++ core can dlopen the same library.
  *
+ * The runtime is a process-wide singleton and is not reentrant: one dispatch at a time (callers
+ * on several threads serialise; ds4.metal_emu.Library holds a lock).
+ *
  * Every function returns 0 on success; on failure a non-zero code and a message in `err`
  * naming the kernel and, for synchronisation faults, the .metal file and line. */
 #ifndef DS4_METAL_EMU_H

@@ -27,11 +27,15 @@ __all__ = ["load", "available", "unavailable_reason", "Library", "Buffer", "Emul
 
 
 def available() -> bool:
-    return find_compiler() is not None
+    """Whether the emulator can be built here: a clang and the metal/ sources."""
+    return find_compiler() is not None and (metal_dir() / "emu" / "simt.cpp").is_file()
 
 
 def unavailable_reason() -> str:
-    return missing_message()
+    if find_compiler() is None:
+        return missing_message()
+    return (f"the Metal sources are not at {metal_dir()} (an installed wheel does not ship them): "
+            "set DS4_METAL_DIR to a checkout's metal/ folder")
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -66,7 +67,12 @@ def _as_array(b: Any) -> tuple[np.ndarray, int]:
 
 
 class Library:
-    """The compiled kernels. ``dispatch`` runs one kernel over a grid, in place on numpy arrays."""
+    """The compiled kernels. ``dispatch`` runs one kernel over a grid, in place on numpy arrays.
+
+    The runtime is one per process and runs one dispatch at a time (ctypes releases the GIL
+    during the call, so dispatches from several threads are serialised by a lock here)."""
+
+    _lock = threading.Lock()
 
     def __init__(self, path: Path, files: Sequence[MetalFile] = ()):
         self.path = Path(path)
@@ -128,7 +134,9 @@ class Library:
         d = _Dispatch(kernel.encode(), cs, len(consts), bufs, len(buffers), tgs, len(tg_mem),
                       (ctypes.c_uint32 * 3)(*g), (ctypes.c_uint32 * 3)(*t), int(grid_is_threads), ORDERS[order], seed)
         err = ctypes.create_string_buffer(2048)
-        if self._lib.ds4emu_dispatch_run(ctypes.byref(d), err, len(err)) != 0:
+        with Library._lock:
+            rc = self._lib.ds4emu_dispatch_run(ctypes.byref(d), err, len(err))
+        if rc != 0:
             raise EmulatorError(err.value.decode(errors="replace"))
 
 
