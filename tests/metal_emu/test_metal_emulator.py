@@ -138,3 +138,16 @@ def test_simdgroup_matrix_store_race_is_caught(emu):
     with pytest.raises(RaceError, match="fault_matrix_store_race"):
         run_orders(emu, "fault_matrix_store_race", buffers=[np.zeros(64, np.float32)], outputs=[0], grid=(1, 1, 1),
                    threads=(64, 1, 1))
+
+
+def test_dispatches_from_several_threads_are_serialised(emu):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ds4.metal_emu import ops
+
+    rng = np.random.default_rng(9)
+    xs = [rng.standard_normal((3, 300)).astype(np.float32) for _ in range(8)]
+    want = [ops.rms_norm(ops.direct(emu), x, None, 1e-6) for x in xs]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda x: ops.rms_norm(ops.direct(emu), x, None, 1e-6), xs))
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
