@@ -108,7 +108,11 @@ template <class T, int N> vec<T, N> operator-(const vec<T, N>& a) {
 
 #define DS4EMU_VEC_CMP(OP)                                                                           \
     template <class T, int N> vec<bool, N> operator OP(const vec<T, N>& a, const vec<T, N>& b) {      \
-        vec<bool, N> r; for (int i = 0; i < N; ++i) r.e[i] = a.e[i] OP b.e[i]; return r; }
+        vec<bool, N> r; for (int i = 0; i < N; ++i) r.e[i] = a.e[i] OP b.e[i]; return r; }            \
+    template <class T, int N, class U, scalar_ok<U> = 0> vec<bool, N> operator OP(const vec<T, N>& a, U s) { \
+        vec<bool, N> r; for (int i = 0; i < N; ++i) r.e[i] = a.e[i] OP T(s); return r; }              \
+    template <class T, int N, class U, scalar_ok<U> = 0> vec<bool, N> operator OP(U s, const vec<T, N>& a) { \
+        vec<bool, N> r; for (int i = 0; i < N; ++i) r.e[i] = T(s) OP a.e[i]; return r; }
 DS4EMU_VEC_CMP(<)
 DS4EMU_VEC_CMP(>)
 DS4EMU_VEC_CMP(<=)

@@ -151,3 +151,25 @@ def test_dispatches_from_several_threads_are_serialised(emu):
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda x: ops.rms_norm(ops.direct(emu), x, None, 1e-6), xs))
     assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
+
+
+def test_shim_types_and_half_rounding(emu):
+    out = np.zeros(12, np.float32)
+    emu.dispatch("probe_types", buffers=[out], grid=(1, 1, 1), threads=(1, 1, 1))
+    assert out[:6].tolist() == [16, 16, 8, 48, 16, 32]    # Metal's float3/half4 sizes and struct layout
+    assert out[6] == 0.0                                   # each half op rounds (no float excess precision)
+    assert out[7] == 1.5
+    assert out[8] == 10.0 and out[9] == 4.0 and out[10] == 5.0 and out[11] == 2.0
+
+
+def test_shim_collectives(emu):
+    out = np.zeros(9 * 32, np.float32)
+    emu.dispatch("probe_collectives", buffers=[out], grid=(1, 1, 1), threads=(32, 1, 1))
+    lane = np.arange(32, dtype=np.float32)
+    o = out.reshape(9, 32)
+    assert (o[0] == np.where(lane + 3 < 32, lane + 3, lane)).all()
+    assert (o[1] == np.where(lane >= 2, lane - 2, lane)).all()
+    assert (o[2] == (np.arange(32) ^ 5)).all()
+    assert (o[3] == np.concatenate([[0], np.cumsum(lane)[:-1]])).all()
+    assert (o[4] == 7).all() and (o[5] == 1).all() and (o[6] == 0).all()
+    assert (o[7] == 496).all() and (o[8] == 31).all()
