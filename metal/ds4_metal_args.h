@@ -106,3 +106,8 @@ struct ds4_embed_args {
     uint n_vocab;
     uint n_hc;         // copies per token
 };
+
+struct ds4_sum_rows_args {
+    uint n;            // row length
+    uint rows;         // rows summed per group
+};

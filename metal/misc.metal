@@ -78,3 +78,15 @@ kernel void argmax_f32(constant ds4_elementwise_args& a [[buffer(0)]], device co
         result[0] = gi == 0xffffffffu ? 0 : int(gi);
     }
 }
+
+// out[g][c] = sum over i (from 0, in order) of x[g][i][c]: each group of `rows` rows summed
+// column-wise (the routed experts' slot sum). Grid (threads): (n, groups).
+kernel void sum_rows(constant ds4_sum_rows_args& a [[buffer(0)]], device const float* x [[buffer(1)]],
+                     device float* out [[buffer(2)]], uint2 gid [[thread_position_in_grid]]) {
+    device const float* base = x + (ulong)gid.y * a.rows * a.n + gid.x;
+    float acc = 0.0f;
+    for (uint i = 0; i < a.rows; ++i) {
+        acc += base[(ulong)i * a.n];
+    }
+    out[(ulong)gid.y * a.n + gid.x] = acc;
+}

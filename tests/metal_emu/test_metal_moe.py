@@ -81,3 +81,44 @@ def test_router(emu, hashed, data):
         want_sel, want_w = _cpu_route(logits[t], bias, hash_rows[t] if hashed else None, n_used, 1.5)
         assert np.array_equal(sel[t], want_sel)
         assert (np.abs(w[t] - want_w) <= 16 * U * np.abs(want_w)).all()
+
+
+@pytest.mark.parametrize("gtype", [Q.Q2_K, Q.IQ2_XXS, Q.Q4_K], ids=lambda q: q.name)
+def test_routed_experts_composition(emu, gtype):
+    """The device chain against the CPU's, stage by stage. Activation quantisation is
+    discontinuous, so the end result is compared on the GPU's own mid rows: the CPU's down experts
+    (which quantise the same floats to the same bytes) summed in slot order, within the sum of
+    the slots' mat-vec bounds. Gate and up are checked with the mat-vec bound, mid against the
+    reference SwiGLU of the device's own gate/up rows (8u, as test_swiglu)."""
+    from ds4.reference.moe import swiglu as ref_swiglu
+
+    n_embd, n_ff, n_expert, n_used = 256, 512, 6, 3
+    dtype_ = Q.Q2_K if gtype == Q.IQ2_XXS else gtype
+    rng = np.random.default_rng(int(gtype))
+    gate = random_weights(gtype, n_embd, n_ff * n_expert, 1)
+    up = random_weights(gtype, n_embd, n_ff * n_expert, 2)
+    down = random_weights(dtype_, n_ff, n_embd * n_expert, 3)
+    x = activation(n_embd, 4, "normal")
+    sel = rng.choice(n_expert, n_used, replace=False).astype(np.int32)
+    w = rng.random(n_used).astype(np.float32)
+    trace = {}
+    out = ops.routed_experts(ops.checked(emu), int(gtype), int(dtype_), gate, up, down, n_embd, n_ff, n_expert, x, sel,
+                             w, 10.0, trace)
+    g_cpu = core.matvec_experts(int(gtype), gate, (n_embd, n_ff, n_expert), sel, x)
+    u_cpu = core.matvec_experts(int(gtype), up, (n_embd, n_ff, n_expert), sel, x)
+    gate_e, up_e = gate.reshape(n_expert, -1), up.reshape(n_expert, -1)
+    for s in range(n_used):
+        _check(trace["gate"][s:s + 1], g_cpu[s:s + 1], _bound(gtype, gate_e[sel[s]], n_embd, n_ff, None, x))
+        _check(trace["up"][s:s + 1], u_cpu[s:s + 1], _bound(gtype, up_e[sel[s]], n_embd, n_ff, None, x))
+    for s in range(n_used):
+        want_mid = (ref_swiglu(trace["gate"][s], trace["up"][s], 10.0) * w[s]).astype(np.float32)
+        assert (np.abs(trace["mid"][s] - want_mid) <= 8 * U * np.abs(want_mid) + 1e-38).all()
+    down_e = down.reshape(n_expert, -1)
+    d_cpu = core.matvec_experts(int(dtype_), down, (n_ff, n_embd, n_expert), sel, trace["mid"])
+    want = np.zeros(n_embd, np.float32)
+    bound = np.zeros(n_embd)
+    for s in range(n_used):
+        want = (want + d_cpu[s]).astype(np.float32)
+        bound += _bound(dtype_, down_e[sel[s]], n_ff, n_embd, None, trace["mid"][s])[0]
+    bound += 2 * n_used * U * np.abs(d_cpu).sum(axis=0)
+    _check(out[None], want[None], bound[None])

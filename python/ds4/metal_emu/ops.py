@@ -377,3 +377,27 @@ def grouped_output_a(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int,
                    outputs=[3], grid=(-(-rank // per_group), 1, 1), threads=(32 * MV_SIMDGROUPS, 1, 1))[0]
         low[g * rank:(g + 1) * rank] = part
     return low
+
+
+def routed_experts(run: Runner, gtype: int, dtype_: int, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
+                   n_embd: int, n_ff: int, n_expert: int, x: np.ndarray, sel: np.ndarray, weights: np.ndarray,
+                   clamp: float, trace: dict | None = None) -> np.ndarray:
+    """One token's routed FFN, every step on the device: quantise x, gate/up experts, SwiGLU
+    scaled by each slot's route weight, per-slot quantisation of mid, down experts, slot sum."""
+    sel = np.ascontiguousarray(sel, np.int32).reshape(-1)
+    n_used = sel.size
+    xq = quantize_act(run, gtype, np.asarray(x, np.float32).reshape(1, n_embd))
+    g = matvec_experts(run, gtype, gate, (n_embd, n_ff, n_expert), sel, xq)
+    u = matvec_experts(run, gtype, up, (n_embd, n_ff, n_expert), sel, xq)
+    mid = np.zeros((n_used, n_ff), np.float32)
+    mid = run("swiglu_rows", buffers=[_struct(n=n_ff, clamp=float(clamp), scale=1.0), g, u,
+                                      np.ascontiguousarray(weights, np.float32), mid], outputs=[4],
+              grid=(n_ff, n_used, 1), threads=(min(64, n_ff), 1, 1), grid_is_threads=True)[0]
+    mq = quantize_act(run, dtype_, mid)
+    dn = matvec_experts(run, dtype_, down, (n_ff, n_embd, n_expert), sel, mq)
+    out = np.zeros(n_embd, np.float32)
+    out = run("sum_rows", buffers=[_struct(n=n_embd, rows=n_used), dn, out], outputs=[2], grid=(n_embd, 1, 1),
+              threads=(min(64, n_embd), 1, 1), grid_is_threads=True)[0]
+    if trace is not None:
+        trace.update(gate=g, up=u, mid=mid, down=dn)
+    return out
