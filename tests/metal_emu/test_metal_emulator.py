@@ -173,3 +173,9 @@ def test_shim_collectives(emu):
     assert (o[3] == np.concatenate([[0], np.cumsum(lane)[:-1]])).all()
     assert (o[4] == 7).all() and (o[5] == 1).all() and (o[6] == 0).all()
     assert (o[7] == 496).all() and (o[8] == 31).all()
+
+
+def test_stray_write_into_an_input_is_reported(emu):
+    with pytest.raises(EmulatorError, match="writes_its_input' wrote into buffer\\(0\\)"):
+        run_orders(emu, "writes_its_input", buffers=[np.zeros(32, np.float32), np.zeros(32, np.float32)],
+                   outputs=[1], grid=(1, 1, 1), threads=(32, 1, 1))

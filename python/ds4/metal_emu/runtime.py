@@ -145,8 +145,9 @@ def run_orders(lib: Library, kernel: str, *, buffers: Sequence[Any], outputs: Se
                poison: Sequence[int] | None = None, **kw) -> list[np.ndarray]:
     """Dispatch `kernel` once per thread order on fresh copies of `buffers`, outputs NaN-poisoned
     first (`poison` overrides which: in-place kernels pass ()); raise RaceError if any output
-    differs in any bit between orders. Returns the outputs (arrays of buffers[i] for i in
-    `outputs`) of the first order."""
+    differs in any bit between orders, and EmulatorError if a buffer that is not an output
+    changed (a stray write). Returns the outputs (arrays of buffers[i] for i in `outputs`) of
+    the first order."""
     first: list[np.ndarray] | None = None
     for name, seed in orders:
         copies = []
@@ -158,6 +159,12 @@ def run_orders(lib: Library, kernel: str, *, buffers: Sequence[Any], outputs: Se
             else:
                 copies.append(b)
         lib.dispatch(kernel, buffers=copies, order=name, seed=seed, poison=outputs if poison is None else poison, **kw)
+        for i, (b, c) in enumerate(zip(buffers, copies)):
+            if i in outputs or not isinstance(b, (Buffer, np.ndarray)):
+                continue
+            before, after = _as_array(b)[0], _as_array(c)[0]
+            if not np.array_equal(before.view(np.uint8), after.view(np.uint8)):
+                raise EmulatorError(f"kernel '{kernel}' wrote into buffer({i}), which is not one of its outputs")
         outs = [_as_array(copies[i])[0] for i in outputs]
         if first is None:
             first = outs
