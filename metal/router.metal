@@ -1,7 +1,7 @@
 // The MoE router of one token per threadgroup, one thread per expert: probabilities
 // sqrt(softplus(logit)), selection of the n_used best biased probabilities (greater first, lower
 // id on ties, as the CPU's insertion top-k) by rank counting, or the token's row of the hash
-// table; weights are the unbiased probabilities of the selected experts divided by their sum
+// table (hash_table[token id][n_used], the host having checked ids against n_expert); weights are the unbiased probabilities of the selected experts divided by their sum
 // (clamped below at 2^-14, summed in slot order) times the weight scale.
 #include <metal_stdlib>
 using namespace metal;
@@ -37,9 +37,10 @@ static float ds4_softplus(float x) {
 kernel void router(constant ds4_router_args& a [[buffer(0)]],
                    device const float* logits [[buffer(1)]],
                    device const float* bias [[buffer(2)]],
-                   device const int* hash_rows [[buffer(3)]],
+                   device const int* hash_table [[buffer(3)]],
                    device int* sel [[buffer(4)]],
                    device float* weights [[buffer(5)]],
+                   device const int* tokens [[buffer(6)]],
                    threadgroup float* tg [[threadgroup(0)]],
                    uint tok [[threadgroup_position_in_grid]],
                    uint e [[thread_index_in_threadgroup]]) {
@@ -53,7 +54,7 @@ kernel void router(constant ds4_router_args& a [[buffer(0)]],
     device int* s = sel + (ulong)tok * a.n_used;
     if (FC_ROUTER_HASH) {
         if (e < a.n_used) {
-            const int id = hash_rows[(ulong)tok * a.n_used + e];
+            const int id = hash_table[(ulong)tokens[tok] * a.n_used + e];
             s[e] = id;
             chosen[e] = probs[id];
         }

@@ -270,22 +270,23 @@ def matvec_experts(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, i
                grid=(-(-rows // per_group), k, 1), threads=(32 * MV_SIMDGROUPS, 1, 1))[0]
 
 
-def router(run: Runner, logits: np.ndarray, bias: np.ndarray | None, hash_rows: np.ndarray | None, n_used: int,
-           weight_scale: float) -> tuple[np.ndarray, np.ndarray]:
+def router(run: Runner, logits: np.ndarray, bias: np.ndarray | None, hash_table: np.ndarray | None,
+           tokens: np.ndarray | None, n_used: int, weight_scale: float) -> tuple[np.ndarray, np.ndarray]:
     """(sel [tokens, n_used] int32, weights [tokens, n_used]) from logits [tokens, n_expert];
-    hash_rows [tokens, n_used] (the table rows of each token) selects hash routing."""
+    hash_table [n_vocab, n_used] with the tokens' ids selects hash routing."""
     logits = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1])
-    tokens, n_expert = logits.shape
+    n_tok, n_expert = logits.shape
     if n_expert > 1024 or n_expert % 32:
         raise ValueError(f"router runs one thread per expert: n_expert must be a multiple of 32 up to 1024, got {n_expert}")
     b = np.ascontiguousarray(bias, np.float32) if bias is not None else np.zeros(n_expert, np.float32)
-    h = np.ascontiguousarray(hash_rows, np.int32) if hash_rows is not None else np.zeros((1,), np.int32)
-    sel = np.zeros((tokens, n_used), np.int32)
-    w = np.zeros((tokens, n_used), np.float32)
+    h = np.ascontiguousarray(hash_table, np.int32) if hash_table is not None else np.zeros((1,), np.int32)
+    toks = np.ascontiguousarray(tokens, np.int32) if tokens is not None else np.zeros(n_tok, np.int32)
+    sel = np.zeros((n_tok, n_used), np.int32)
+    w = np.zeros((n_tok, n_used), np.float32)
     tg = -(-(2 * n_expert + n_used) * 4 // 16) * 16
     out = run("router", buffers=[_struct(n_expert=n_expert, n_used=n_used, weight_scale=float(weight_scale)), logits,
-                                 b, h, sel, w], outputs=[4, 5], grid=(tokens, 1, 1), threads=(n_expert, 1, 1),
-              tg_mem=[tg], constants={0: hash_rows is not None})
+                                 b, h, sel, w, toks], outputs=[4, 5], grid=(n_tok, 1, 1), threads=(n_expert, 1, 1),
+              tg_mem=[tg], constants={0: hash_table is not None})
     return out[0], out[1]
 
 
