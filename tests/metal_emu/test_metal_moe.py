@@ -69,7 +69,7 @@ def _cpu_route(logits, bias, hash_row, n_used, scale):
 def test_router(emu, hashed, data):
     """Selection is exact (ties included). Weights: softplus/sqrt/division may differ by ulps on a
     GPU and the kernel's log1p is Goldberg's log(u)*e/(u-1) (a few ulps): bound 16u*|w|."""
-    n_expert, n_used = data.draw(st.sampled_from([32, 64, 256])), data.draw(st.integers(1, 8))
+    n_expert, n_used = data.draw(st.sampled_from([8, 20, 64, 256])), data.draw(st.integers(1, 8))
     tokens = data.draw(st.integers(1, 3))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     logits = (rng.standard_normal((tokens, n_expert)) * data.draw(st.sampled_from([1.0, 12.0]))).astype(np.float32)

@@ -276,8 +276,8 @@ def router(run: Runner, logits: np.ndarray, bias: np.ndarray | None, hash_table:
     hash_table [n_vocab, n_used] with the tokens' ids selects hash routing."""
     logits = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1, logits.shape[-1])
     n_tok, n_expert = logits.shape
-    if n_expert > 1024 or n_expert % 32:
-        raise ValueError(f"router runs one thread per expert: n_expert must be a multiple of 32 up to 1024, got {n_expert}")
+    if n_expert > 1024:
+        raise ValueError(f"router runs one thread per expert: n_expert must be at most 1024, got {n_expert}")
     b = np.ascontiguousarray(bias, np.float32) if bias is not None else np.zeros(n_expert, np.float32)
     h = np.ascontiguousarray(hash_table, np.int32) if hash_table is not None else np.zeros((1,), np.int32)
     toks = np.ascontiguousarray(tokens, np.int32) if tokens is not None else np.zeros(n_tok, np.int32)
