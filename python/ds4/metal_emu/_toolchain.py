@@ -9,6 +9,7 @@ later compiles reuse it.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import shlex
@@ -59,9 +60,7 @@ def find_compiler() -> Compiler | None:
             v = _version([path])
             if v and _clang_major(v) >= MIN_CLANG:
                 return Compiler((path,), v, "system")
-    try:
-        import ziglang  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("ziglang") is None:
         return None
     argv = [sys.executable, "-m", "ziglang", "c++"]
     v = _version(argv)
