@@ -68,5 +68,8 @@ def find_compiler() -> Compiler | None:
 
 
 def missing_message() -> str:
+    env = os.environ.get("DS4_METAL_EMU_CXX")
+    if env:
+        return f"no clang for the Metal emulator: DS4_METAL_EMU_CXX={env!r} does not run '--version'"
     return ("no clang for the Metal emulator: install the test extra (pip install -e '.[test]' brings the "
             f"ziglang wheel), a system clang++ >= {MIN_CLANG}, or set DS4_METAL_EMU_CXX")
