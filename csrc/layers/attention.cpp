@@ -6,6 +6,7 @@
 #include "common/thread_pool.h"
 #include "layers/numerics.h"
 #include "quant/kernels.h"
+#include "quant/simd.h"
 
 namespace ds4 {
 

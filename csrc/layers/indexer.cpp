@@ -9,6 +9,7 @@
 #include "layers/fp_quant.h"
 #include "layers/numerics.h"
 #include "quant/kernels.h"
+#include "quant/simd.h"
 
 namespace ds4 {
 
