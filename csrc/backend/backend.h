@@ -22,19 +22,18 @@ class ThreadPool;
 
 namespace backend {
 
-// Work-memory bounds a stream can size its private buffers for once (no allocation per token).
+// Bounds a stream sizes its private work memory for once, so the decode loop never allocates
+// (anything else an op needs is grown on first use and kept).
 struct StreamLimits {
-    int64_t max_rows = 1;        // rows of the largest batch
-    int64_t n_embd = 0, n_head = 0, head_dim = 0, n_expert = 0, n_expert_used = 0, n_ff = 0;
-    int64_t max_attn_rows = 0;   // raw_cap + largest compressed-row count an Attention sees
-    int64_t max_weight_width = 0;  // widest Linear input (activation scratch)
+    int64_t n_head = 0;
+    int64_t max_attn_rows = 0;   // raw_cap + the largest compressed-row count an Attention sees
 };
 
 class Stream {
 public:
     virtual ~Stream() = default;
 
-    // Grow the private work memory for these bounds (called by the graph before a batch).
+    // Grows the private work memory for these bounds (the graph calls it before a batch).
     virtual void reserve(const StreamLimits& limits) = 0;
 
     // Command batch: everything between begin() and end() may be queued; end() waits for it.
@@ -86,6 +85,19 @@ public:
     virtual std::unique_ptr<Stream> new_stream() = 0;
     // Worker threads of the backend's CPU side (the CPU backend's pool; 1 elsewhere).
     virtual int threads() const { return 1; }
+};
+
+// A tensor together with the buffer it owns (state and scratch the graph allocates).
+struct OwnedTensor {
+    std::unique_ptr<Buffer> buffer;
+    Tensor t;
+
+    OwnedTensor() = default;
+    OwnedTensor(Backend& be, DType type, int64_t width, int64_t rows)
+        : buffer(be.alloc((uint64_t)(width * rows * dtype_size(type)))), t(tensor_of(buffer.get(), type, width, rows)) {}
+    explicit operator bool() const noexcept { return buffer != nullptr; }
+    const Tensor& operator*() const { return t; }
+    const Tensor* operator->() const { return &t; }
 };
 
 // A named backend of the registry and whether this build + machine can create it.
