@@ -26,9 +26,6 @@ void quantize_q8_0_act(const float* x, BlockQ8_0Act* out, int64_t n);
 void quantize_q8_K(const float* x, BlockQ8K* out, int64_t n);
 
 // ---- products ----
-// One row: dot(W row, x) where xq came from quantize_act(weight_type, ...).
-float dot_row(GgmlType weight_type, const void* w_row, const void* xq, int64_t n);
-
 // y[r] = dot(W row r, xq), r in [0, rows). W rows are row_bytes(t, n) apart.
 void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, float* y,
             ThreadPool* pool = nullptr);
