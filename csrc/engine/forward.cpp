@@ -90,7 +90,7 @@ void attention_layer(const ForwardContext& fc, const LayerWeights& L, KvState& k
         st.linear({&L.indexer.comp.gate, rows_of(A.normed, nb), index_score});
         // Upper bound of the rows any token of this batch can see (one new row per 4 tokens at
         // most), from the live count so a loaded state with unusual counts is covered too.
-        need_indexer = indexer_needed(s, kv.layers[il].n_index_comp + (nb + 3) / 4);
+        need_indexer = indexer_needed(s, kv.layer(il).n_index_comp + (nb + 3) / 4);
         if (need_indexer) {
             st.linear({&L.indexer.q_b, rows_of(A.q_low_normed, nb), rows_of(A.index_q, nb)});
             st.linear({&L.indexer.proj, rows_of(A.normed, nb), rows_of(A.index_w, nb)});
@@ -102,7 +102,7 @@ void attention_layer(const ForwardContext& fc, const LayerWeights& L, KvState& k
     st.rope_tail({rows_of(A.kv_row, nb), 1, D, s.n_rot, pos0, rope, false});
     st.fp8_kv_roundtrip({rows_of(A.kv_row, nb), D, s.n_rot});
 
-    LayerKv& C = kv.layers[il];
+    LayerKv& C = kv.layer(il);
     const CompressorLane attn_lane{L.comp, C.attn_state_kv, C.attn_state_score, D, true};
     const CompressorLane index_lane{L.indexer.comp, C.index_state_kv, C.index_state_score, I, false};
     for (int64_t b = 0; b < nb; ++b) {
@@ -188,21 +188,45 @@ void output_logits(const ForwardContext& fc, const Tensor& hc, const Tensor& log
     head_logits(fc, fc.model.weights().head, hc, logits);
 }
 
-void forward_batch(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
-                   const Tensor& logits, const Tensor& final_hc) {
+void forward_stage(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
+                   const float* hc_in, float* hc_out, const Tensor& logits, const Tensor& final_hc) {
     const Shape& s = fc.model.shape();
     const ModelWeights& W = fc.model.weights();
+    const int l0 = fc.model.layer_begin(), l1 = fc.model.layer_end();
+    if (kv.first_layer != l0 || kv.first_layer + (int)kv.layers.size() != l1) {
+        fail(ErrorKind::InvalidArgument, "internal: KV state layers do not match the stage's layer range");
+    }
     for (int64_t b = 0; b < n; ++b) check_token(s, tokens[b]);
+    if (!fc.model.first_stage() && !hc_in) {
+        fail(ErrorKind::InvalidArgument, "a stage after the first needs the previous stage's HC state");
+    }
+    if (!fc.model.last_stage() && !hc_out) {
+        fail(ErrorKind::InvalidArgument, "a stage before the last needs somewhere to put its HC state");
+    }
     prepare(fc, kv, n);
     CommandBatch batch(fc.stream);
-    fc.stream.embed_tokens_hc({&W.token_embd, tokens, n, s.n_hc, rows_of(fc.act.hc, n)});
-    for (int il = 0; il < s.n_layer; ++il) {
+    const Tensor hc = rows_of(fc.act.hc, n);
+    if (fc.model.first_stage()) {
+        fc.stream.embed_tokens_hc({&W.token_embd, tokens, n, s.n_hc, hc});
+    } else {
+        fc.stream.upload(hc, hc_in, (uint64_t)hc.nbytes());
+    }
+    for (int il = l0; il < l1; ++il) {
         attention_layer(fc, W.layers[il], kv, il, n, pos0);
         ffn_layer(fc, W.layers[il].ffn, tokens, n);
+    }
+    if (!fc.model.last_stage()) {
+        fc.stream.download(hc, hc_out, (uint64_t)hc.nbytes());
+        return;
     }
     const Tensor last = fc.act.hc->row(n - 1);
     if (final_hc) fc.stream.copy({last, final_hc});
     if (logits) output_logits(fc, last, logits);
+}
+
+void forward_batch(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
+                   const Tensor& logits, const Tensor& final_hc) {
+    forward_stage(fc, kv, tokens, n, pos0, nullptr, nullptr, logits, final_hc);
 }
 
 Shape mtp_state_shape(const Shape& s) {

@@ -19,11 +19,21 @@ struct ForwardContext {
     Activations& act;
 };
 
-// Evaluates tokens[0..n) at positions pos0.. into kv. If logits is non-empty, writes the logits
-// of the last token there (n_vocab floats). If final_hc is non-empty, copies the last token's
-// final HC state there (hc_dim floats; MTP input).
+// Evaluates tokens[0..n) at positions pos0.. into kv (the whole model). If logits is non-empty,
+// writes the logits of the last token there (n_vocab floats). If final_hc is non-empty, copies the
+// last token's final HC state there (hc_dim floats; MTP input).
 void forward_batch(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
                    const backend::Tensor& logits, const backend::Tensor& final_hc = {});
+
+// One pipeline stage (the model's layer range) over the same batch. The first stage embeds
+// `tokens`; a later one starts from hc_in, the previous stage's output (n x hc_dim host floats,
+// uploaded). Every stage needs the token ids too: hash-routed layers pick experts by token. A
+// stage before the last downloads the HC state after its last layer to hc_out (n x hc_dim host
+// floats); the last stage writes logits and final_hc as forward_batch does. Chained stages compute
+// exactly what forward_batch computes: the HC state is the only tensor crossing a stage boundary.
+void forward_stage(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
+                   const float* hc_in, float* hc_out, const backend::Tensor& logits,
+                   const backend::Tensor& final_hc = {});
 
 // Logits (n_vocab floats) from one final HC state (hc_dim floats) through the model's output head.
 void output_logits(const ForwardContext& fc, const backend::Tensor& hc, const backend::Tensor& logits);

@@ -31,15 +31,21 @@ void clear_frontier_rows(backend::Stream& st, const OwnedTensor& kv, const Owned
 
 }  // namespace
 
-void KvState::init(backend::Backend& be, backend::Stream& st, const Shape& s, int64_t ctx_size) {
+void KvState::init(backend::Backend& be, backend::Stream& st, const Shape& s, int64_t ctx_size, int l0, int l1) {
     if (ctx_size <= 0) fail(ErrorKind::InvalidArgument, "context size must be positive, got " + std::to_string(ctx_size));
+    if (l1 < 0) l1 = s.n_layer;
+    if (l0 < 0 || l0 >= l1 || l1 > s.n_layer) {
+        fail(ErrorKind::InvalidArgument, "layer range [" + std::to_string(l0) + ", " + std::to_string(l1) +
+                                             ") is not a non-empty part of [0, " + std::to_string(s.n_layer) + ")");
+    }
     shape = s;
     ctx = ctx_size;
     raw_cap = std::max<int64_t>(1, std::min<int64_t>(s.n_swa, ctx));
+    first_layer = l0;
     layers.clear();
-    layers.resize((size_t)s.n_layer);
-    for (int il = 0; il < s.n_layer; ++il) {
-        LayerKv& L = layers[il];
+    layers.resize((size_t)(l1 - l0));
+    for (int il = l0; il < l1; ++il) {
+        LayerKv& L = layer(il);
         L.ratio = s.ratio(il);
         L.raw = OwnedTensor(be, DType::F32, s.head_dim, raw_cap);
         if (L.ratio != 0) {
@@ -70,7 +76,7 @@ void KvState::reset(backend::Stream& st) {
 }
 
 backend::Tensor KvState::push_raw_slot(int il) {
-    LayerKv& L = layers[il];
+    LayerKv& L = layer(il);
     const backend::Tensor row = L.raw->row(L.raw_next);
     L.raw_next = (L.raw_next + 1) % raw_cap;
     if (L.n_raw < raw_cap) ++L.n_raw;
@@ -78,14 +84,14 @@ backend::Tensor KvState::push_raw_slot(int il) {
 }
 
 backend::Tensor KvState::raw_row(int il, int64_t i) const {
-    const LayerKv& L = layers[il];
+    const LayerKv& L = layer(il);
     int64_t slot = L.raw_first(raw_cap) + i;
     if (slot >= raw_cap) slot -= raw_cap;
     return L.raw->row(slot);
 }
 
 backend::Tensor KvState::push_comp_slot(int il) {
-    LayerKv& L = layers[il];
+    LayerKv& L = layer(il);
     if (L.n_comp >= L.comp_cap) {
         fail(ErrorKind::ContextOverflow, "compressed KV cache of layer " + std::to_string(il) + " is full (" +
                                              std::to_string(L.comp_cap) + " rows for ctx " + std::to_string(ctx) + ")");
@@ -94,7 +100,7 @@ backend::Tensor KvState::push_comp_slot(int il) {
 }
 
 backend::Tensor KvState::push_index_comp_slot(int il) {
-    LayerKv& L = layers[il];
+    LayerKv& L = layer(il);
     if (L.n_index_comp >= L.comp_cap) {
         fail(ErrorKind::ContextOverflow, "indexer KV cache of layer " + std::to_string(il) + " is full");
     }

@@ -44,13 +44,20 @@ struct KvState {
     Shape shape;
     int64_t ctx = 0;
     int64_t raw_cap = 0;                   // min(n_swa, ctx), at least 1
+    // A pipeline stage holds only the layers [first_layer, first_layer + layers.size()) of the
+    // model; every method taking `il` takes the model-wide layer index.
+    int first_layer = 0;
     std::vector<LayerKv> layers;
 
-    // Allocates everything for ctx on `be` (comp_cap = ctx/ratio + 2 per compressed layer) and
+    // Allocates everything for ctx on `be` (comp_cap = ctx/ratio + 2 per compressed layer) for the
+    // layers [l0, l1) of s (l1 < 0: up to s.n_layer; a pipeline stage holds only its layers) and
     // resets through `st`.
-    void init(backend::Backend& be, backend::Stream& st, const Shape& s, int64_t ctx_size);
+    void init(backend::Backend& be, backend::Stream& st, const Shape& s, int64_t ctx_size, int l0 = 0, int l1 = -1);
     // Back to the empty state: no rows, frontiers at their initial fill.
     void reset(backend::Stream& st);
+
+    LayerKv& layer(int il) { return layers[(size_t)(il - first_layer)]; }
+    const LayerKv& layer(int il) const { return layers[(size_t)(il - first_layer)]; }
 
     // The ring row the next raw row of layer il goes to; counts it (the oldest row drops when full).
     backend::Tensor push_raw_slot(int il);
