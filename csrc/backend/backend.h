@@ -100,6 +100,14 @@ struct OwnedTensor {
     const Tensor* operator->() const { return &t; }
 };
 
+// Host floats of a tensor: its memory when host-visible (no copy), else a download into mirror.
+inline const float* host_floats(Stream& st, const Tensor& t, std::vector<float>& mirror) {
+    if (t.buffer->host()) return t.host<float>();
+    mirror.resize((size_t)(t.width() * t.rows()));
+    st.download(t, mirror.data(), (uint64_t)t.nbytes());
+    return mirror.data();
+}
+
 // A named backend of the registry and whether this build + machine can create it.
 struct BackendInfo {
     std::string name;

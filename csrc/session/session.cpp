@@ -49,18 +49,10 @@ const float* Session::mtp_logits() {
         mtp_forward({*model_, *stream_, mtp_act_}, mtp_kv_, *last_hc_, tokens_.back(), pos() - 1, *mtp_logits_);
         mtp_pos_ = pos();
     }
-    return host_floats(*mtp_logits_, mtp_mirror_);
+    return backend::host_floats(*stream_, *mtp_logits_, mtp_mirror_);
 }
 
-const float* Session::host_floats(const backend::Tensor& t, std::vector<float>& mirror) {
-    if (t.buffer->host()) return t.host<float>();
-    mirror.resize((size_t)(t.width() * t.rows()));
-    stream_->download(t, mirror.data(), (uint64_t)t.nbytes());
-    return mirror.data();
-}
-
-const float* Session::last_hidden() { return host_floats(*last_hc_, hc_mirror_);
-}
+const float* Session::last_hidden() { return backend::host_floats(*stream_, *last_hc_, hc_mirror_); }
 
 void Session::check_tokens(const int32_t* t, int64_t n) const {
     const int64_t V = model_->shape().n_vocab;
@@ -126,7 +118,7 @@ void Session::materialize() {
 
 const float* Session::logits() {
     materialize();
-    return host_floats(*logits_, logits_mirror_);
+    return backend::host_floats(*stream_, *logits_, logits_mirror_);
 }
 
 int32_t Session::argmax() {

@@ -65,8 +65,6 @@ private:
     void reset_mtp();
 
     ForwardContext context() { return {*model_, *stream_, act_}; }
-    // Host view of a backend tensor: its memory when host-visible, else a download into mirror.
-    const float* host_floats(const backend::Tensor& t, std::vector<float>& mirror);
 
     std::shared_ptr<const Model> model_;
     std::unique_ptr<backend::Stream> stream_;

@@ -31,13 +31,6 @@ StageSession::StageSession(std::shared_ptr<const Model> model, int64_t ctx) : mo
     }
 }
 
-const float* StageSession::host_floats(const backend::Tensor& t, std::vector<float>& mirror) const {
-    if (t.buffer->host()) return t.host<float>();
-    mirror.resize((size_t)(t.width() * t.rows()));
-    stream_->download(t, mirror.data(), (uint64_t)t.nbytes());
-    return mirror.data();
-}
-
 int64_t StageSession::out_floats(int64_t n) const {
     return model_->last_stage() ? (int64_t)model_->shape().n_vocab : n * model_->shape().hc_dim();
 }
@@ -84,7 +77,7 @@ void StageSession::forward(const int32_t* tokens, int64_t n, int64_t pos0, const
     }
     tokens_.insert(tokens_.end(), tokens, tokens + n);
     if (last) {
-        const float* l = host_floats(*logits_, logits_mirror_);
+        const float* l = backend::host_floats(*stream_, *logits_, logits_mirror_);
         std::copy(l, l + logits_->width(), out);
         hidden_valid_ = true;
     }
@@ -140,7 +133,7 @@ const float* StageSession::mtp_logits() {
         mtp_forward({*model_, *stream_, mtp_act_}, mtp_kv_, *last_hc_, tokens_.back(), pos() - 1, *mtp_logits_);
         mtp_pos_ = pos();
     }
-    return host_floats(*mtp_logits_, mtp_mirror_);
+    return backend::host_floats(*stream_, *mtp_logits_, mtp_mirror_);
 }
 
 }  // namespace ds4

@@ -47,8 +47,6 @@ public:
 private:
     void check_usable() const;
 
-    // Host view of a backend tensor: its memory when host-visible, else a download into mirror.
-    const float* host_floats(const backend::Tensor& t, std::vector<float>& mirror) const;
 
     std::shared_ptr<const Model> model_;
     std::unique_ptr<backend::Stream> stream_;
@@ -60,7 +58,7 @@ private:
     KvState mtp_kv_;
     Activations mtp_act_;
     backend::OwnedTensor mtp_logits_;
-    mutable std::vector<float> logits_mirror_, mtp_mirror_;   // device-only backends
+    std::vector<float> logits_mirror_, mtp_mirror_;   // device-only backends
     int64_t mtp_pos_ = -1;
     bool hidden_valid_ = false;
     bool broken_ = false;           // a failed batch left partial rows behind: only reset() recovers
