@@ -78,7 +78,7 @@ def _open_engine(args: argparse.Namespace, path: str | os.PathLike[str]):
             raise InvalidArgumentError("--ray-address needs --pipeline-stages N")
         from ..engine import Engine
         return Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
-    if args.backend != "cpu":
+    if args.backend not in ("cpu", "auto"):
         raise InvalidArgumentError(f"--pipeline-stages runs CPU stages; --{args.backend} is not available for them")
     from ..distributed import PipelineEngine
     return PipelineEngine(path, stages=args.pipeline_stages, address=args.ray_address, threads=args.threads,
