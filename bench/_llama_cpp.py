@@ -36,7 +36,7 @@ _STAMP = "DS4_SOURCE_TREE"  # which source tree the build folder was configured 
 @dataclass
 class LlamaBuild:
     source: Path   # the llama.cpp source tree
-    libdir: Path   # folder with libllama.so and the ggml libraries
+    libdir: Path   # folder with libllama and the ggml libraries
     driver: Path   # the compiled bench driver
     commit: str    # llama.cpp's commit as recorded in the sdist (or "unknown")
 
@@ -49,11 +49,11 @@ def _log(msg: str) -> None:
     print(f"[llama.cpp] {msg}", file=sys.stderr, flush=True)
 
 
-def _run(cmd: list[str], cwd: Path | None = None, nice: bool = True) -> None:
+def _run(cmd: list[str], nice: bool = True) -> None:
     if nice and shutil.which("nice"):
         cmd = ["nice", "-n", "19", *cmd]
     _log(" ".join(str(c) for c in cmd))
-    subprocess.run(cmd, cwd=cwd, check=True)
+    subprocess.run(cmd, check=True)
 
 
 def _find_sdist(root: Path, version: str, sdist: Path | None) -> Path:
@@ -113,7 +113,6 @@ def _commit(tree: Path) -> str:
 
 
 def _build_lib(tree: Path, build: Path, jobs: int) -> Path:
-    lib = build / "bin" / "libllama.so"
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     stamp = build / _STAMP
     if (build / "CMakeCache.txt").is_file() and (not stamp.is_file() or stamp.read_text() != str(tree)):
@@ -126,9 +125,10 @@ def _build_lib(tree: Path, build: Path, jobs: int) -> Path:
               "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_OPENSSL=OFF"])
         stamp.write_text(str(tree))
     _run(["cmake", "--build", str(build), "--target", "llama", "-j", str(jobs)])
-    if not lib.is_file():
-        raise FileNotFoundError(f"llama.cpp build finished without {lib}")
-    return lib.parent
+    libdir = build / "bin"
+    if not any(libdir.glob("libllama.*")):  # .so on Linux, .dylib on macOS
+        raise FileNotFoundError(f"llama.cpp build finished without libllama in {libdir}")
+    return libdir
 
 
 def _build_driver(tree: Path, libdir: Path, build: Path) -> Path:
