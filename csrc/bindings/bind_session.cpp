@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <cstring>
 
 #include "common/errors.h"
 #include "session/session.h"
@@ -119,6 +120,36 @@ void init_session(py::module_& m) {
                      out.assign(l, l + p.s->model().shape().n_vocab);
                  }
                  return py::array_t<float>((py::ssize_t)out.size(), out.data());
+             })
+        .def("set_steering",
+             [](PySession& p, std::shared_ptr<const ds4::Steering> steering) { p.s->set_steering(std::move(steering)); },
+             py::arg("steering").none(true))
+        .def("set_tap",
+             [](PySession& p, int points, bool last_only) {
+                 ds4::ActivationTap& t = p.s->tap();
+                 if (points < 0 || points >= (1 << ds4::kHookPoints)) {
+                     ds4::fail(ds4::ErrorKind::InvalidArgument, "tap points mask " + std::to_string(points) + " is invalid");
+                 }
+                 t.clear();
+                 t.points = points;
+                 t.last_only = last_only;
+             },
+             py::arg("points"), py::arg("last_only") = false)
+        .def("take_tap",
+             // (positions int64[n], {point: float32[n, n_layer, n_embd]}); the tap is emptied.
+             [](PySession& p) {
+                 ds4::ActivationTap& t = p.s->tap();
+                 const py::ssize_t n = (py::ssize_t)t.positions.size();
+                 py::array_t<int64_t> pos(n, t.positions.data());
+                 py::dict rows;
+                 for (int k = 0; k < ds4::kHookPoints; ++k) {
+                     if (!(t.points & (1 << k))) continue;
+                     py::array_t<float> a({n, (py::ssize_t)t.n_layer, (py::ssize_t)t.n_embd});
+                     if (n > 0) std::memcpy(a.mutable_data(), t.rows[k].data(), (size_t)a.size() * sizeof(float));
+                     rows[py::int_(k)] = a;
+                 }
+                 t.clear();
+                 return py::make_tuple(pos, rows);
              })
         .def("last_hidden", [](PySession& p) {
             const int64_t n = p.s->model().shape().hc_dim();

@@ -7,11 +7,13 @@ void init_errors(py::module_& m);
 void init_quant(py::module_& m);
 void init_engine(py::module_& m);
 void init_session(py::module_& m);
+void init_hooks(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "ds4 compiled core (internal; use the ds4 package API)";
     init_errors(m);
     init_quant(m);
     init_engine(m);
+    init_hooks(m);
     init_session(m);
 }

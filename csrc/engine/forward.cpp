@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/errors.h"
+#include "engine/layer_hooks.h"
 #include "layers/attention.h"
 #include "layers/compressor.h"
 #include "layers/fp_quant.h"
@@ -41,7 +42,7 @@ void grouped_output_a(const Shape& s, const TensorRef& wa, const float* heads, i
 
 // Layer il of kv.shape (its ratio and RoPE), with weights L.
 void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scratch& sc, int il, int64_t nb,
-                     int64_t pos0) {
+                     int64_t pos0, const LayerHooks* hooks) {
     const Shape& s = kv.shape;
     const AttentionWeights& w = L.attn;
     ThreadPool* pool = model.pool();
@@ -117,12 +118,14 @@ void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scr
 
     grouped_output_a(s, w.attn_output_a, sc.heads.data(), nb, sc.low.data(), sc.grp.data(), sc.act, pool);
     linear(w.attn_output_b, sc.low.data(), nb, sc.attn_out.data(), sc.act, pool);
+    if (hooks) hooks->at(HookPoint::AttnOut, il, sc.attn_out.data(), nb);
     for (int64_t b = 0; b < nb; ++b) {
         hc_post(&sc.H2[b * HD], &sc.attn_out[b * E], &sc.H[b * HD], sc.splits[b], E, s.n_hc);
     }
 }
 
-void ffn_layer(const Model& model, const FfnWeights& w, Scratch& sc, const int32_t* tokens, int64_t nb) {
+void ffn_layer(const Model& model, const FfnWeights& w, Scratch& sc, const int32_t* tokens, int64_t nb, int il,
+               const LayerHooks* hooks) {
     const Shape& s = model.shape();
     ThreadPool* pool = model.pool();
     const int64_t E = s.n_embd, HD = s.hc_dim(), F = s.n_ff_exp;
@@ -150,8 +153,9 @@ void ffn_layer(const Model& model, const FfnWeights& w, Scratch& sc, const int32
         float* moe = &sc.moe[b * E];
         const float* shared = &sc.sout[b * E];
         for (int64_t d = 0; d < E; ++d) moe[d] = moe[d] + shared[d];
-        hc_post(&sc.H[b * HD], moe, &sc.H2[b * HD], sc.splits[b], E, s.n_hc);
     }
+    if (hooks) hooks->at(HookPoint::FfnOut, il, sc.moe.data(), nb);
+    for (int64_t b = 0; b < nb; ++b) hc_post(&sc.H[b * HD], &sc.moe[b * E], &sc.H2[b * HD], sc.splits[b], E, s.n_hc);
 }
 
 }  // namespace
@@ -164,7 +168,7 @@ void output_logits(const Model& model, Scratch& sc, const float* H, float* logit
 }
 
 void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
-                   float* logits, float* final_hc) {
+                   float* logits, float* final_hc, const LayerHooks* hooks) {
     const Shape& s = model.shape();
     const ModelWeights& W = model.weights();
     const int64_t E = s.n_embd, HD = s.hc_dim();
@@ -182,9 +186,11 @@ void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* 
                        sc.plain.data(), E);
         for (int h = 0; h < s.n_hc; ++h) std::memcpy(&sc.H[b * HD + h * E], sc.plain.data(), (size_t)E * sizeof(float));
     }
+    if (hooks && hooks->empty()) hooks = nullptr;
+    if (hooks && hooks->tap) hooks->tap->begin_batch(pos0, n);
     for (int il = 0; il < s.n_layer; ++il) {
-        attention_layer(model, W.layers[il], kv, sc, il, n, pos0);
-        ffn_layer(model, W.layers[il].ffn, sc, tokens, n);
+        attention_layer(model, W.layers[il], kv, sc, il, n, pos0, hooks);
+        ffn_layer(model, W.layers[il].ffn, sc, tokens, n, il, hooks);
     }
     const float* last = &sc.H[(n - 1) * HD];
     if (final_hc) std::memcpy(final_hc, last, (size_t)HD * sizeof(float));
@@ -218,8 +224,9 @@ void mtp_forward(const Model& model, KvState& mtp_kv, Scratch& sc, const float* 
         linear(M.h_proj, sc.x.data(), 1, sc.attn_out.data(), sc.act, pool);
         for (int64_t d = 0; d < E; ++d) sc.H[h * E + d] = sc.a[d] + sc.attn_out[d];
     }
-    attention_layer(model, M.block, mtp_kv, sc, 0, 1, pos);
-    ffn_layer(model, M.block.ffn, sc, &token, 1);
+    // The draft block is not steered: steering directions are per main-model layer.
+    attention_layer(model, M.block, mtp_kv, sc, 0, 1, pos, nullptr);
+    ffn_layer(model, M.block.ffn, sc, &token, 1, 0, nullptr);
     if (hc_out) std::memcpy(hc_out, sc.H.data(), (size_t)HD * sizeof(float));
     hc_collapse_norm(s, M.head, sc.H.data(), sc.y.data(), sc.flat.data(), sc.ytmp.data(), sc.act, pool);
     linear(W.output, sc.y.data(), 1, logits, sc.act, pool);

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "engine/layer_hooks.h"
 #include "engine/model.h"
 #include "engine/scratch.h"
 #include "state/kv_state.h"
@@ -12,9 +13,10 @@ namespace ds4 {
 
 // Evaluates tokens[0..n) at positions pos0.. into kv. If logits is non-null, writes the logits
 // of the last token (n_vocab floats). If final_hc is non-null, copies the last token's final HC
-// state (hc_dim floats) there (MTP input).
+// state (hc_dim floats) there (MTP input). hooks (optional): steering and activation tap at each
+// layer's attention and FFN outputs (engine/layer_hooks.h).
 void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
-                   float* logits, float* final_hc = nullptr);
+                   float* logits, float* final_hc = nullptr, const LayerHooks* hooks = nullptr);
 
 // Logits from one final HC state (hc_dim floats) through the model's output head.
 void output_logits(const Model& model, Scratch& sc, const float* H, float* logits);

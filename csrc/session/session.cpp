@@ -19,6 +19,8 @@ Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::
     kv_.init(model_->shape(), ctx);
     tokens_.reserve((size_t)ctx);   // the decode loop never reallocates the checkpoint
     logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
+    tap_.n_layer = model_->shape().n_layer;
+    tap_.n_embd = model_->shape().n_embd;
     last_hc_.assign((size_t)model_->shape().hc_dim(), 0.0f);
     if (model_->weights().mtp.present) {
         mtp_kv_.init(mtp_state_shape(model_->shape()), ctx);
@@ -64,12 +66,13 @@ void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool 
         stale_ = false;
     }
     const int64_t chunk = model_->chunk_for(n);
+    const LayerHooks hooks{steering_.get(), &tap_};
     int64_t done = 0;
     while (done < n) {
         const int64_t m = std::min(chunk, n - done);
         const int64_t pos0 = pos();
         try {
-            forward_batch(*model_, kv_, scratch_, t + done, m, pos0, logits_.data(), last_hc_.data());
+            forward_batch(*model_, kv_, scratch_, t + done, m, pos0, logits_.data(), last_hc_.data(), &hooks);
         } catch (...) {
             // A failure inside a chunk leaves rows of a partial chunk behind: rebuild from the
             // consistent checkpoint on next use.
@@ -162,6 +165,24 @@ void Session::rewind(int64_t p) {
     reset_mtp();
     stale_ = true;
     has_logits_ = false;
+}
+
+void Session::set_steering(std::shared_ptr<const Steering> steering) {
+    if (steering) {
+        const Shape& s = model_->shape();
+        if (steering->n_layer != s.n_layer || steering->n_embd != s.n_embd) {
+            fail(ErrorKind::InvalidArgument, "steering directions are " + std::to_string(steering->n_layer) + " x " +
+                                                 std::to_string(steering->n_embd) + ", the model needs " +
+                                                 std::to_string(s.n_layer) + " x " + std::to_string(s.n_embd));
+        }
+    }
+    if (!steering && !steering_) return;
+    steering_ = std::move(steering);
+    if (pos() > 0) {
+        reset_mtp();
+        stale_ = true;
+        has_logits_ = false;
+    }
 }
 
 void Session::reset() {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/layer_hooks.h"
 #include "engine/model.h"
 #include "engine/scratch.h"
 #include "state/kv_state.h"
@@ -56,6 +57,13 @@ public:
     // Final HC state of the last evaluated token (hc_dim floats; MTP input).
     const float* last_hidden() const { return last_hc_.data(); }
 
+    // Directional steering for every later evaluation (null: off). The live state was computed
+    // under the previous setting, so a non-empty timeline is rebuilt on next use.
+    void set_steering(std::shared_ptr<const Steering> steering);
+    const std::shared_ptr<const Steering>& steering() const { return steering_; }
+    // The activation tap: set points (hook_bit mask, 0 = off) and read/clear what it recorded.
+    ActivationTap& tap() { return tap_; }
+
 private:
     void check_tokens(const int32_t* t, int64_t n) const;
     void extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild, bool reset_frontier);
@@ -63,6 +71,8 @@ private:
     void reset_mtp();
 
     std::shared_ptr<const Model> model_;
+    std::shared_ptr<const Steering> steering_;
+    ActivationTap tap_;
     KvState kv_;
     Scratch scratch_;
     std::vector<int32_t> tokens_;

@@ -25,6 +25,7 @@ from .shape import ModelShape
 if TYPE_CHECKING:  # pragma: no cover
     from .inspection import ModelInfo
     from .session import Session
+    from .steering import Steering
     from .tokenizer import Tokenizer
 
 __all__ = ["Engine"]
@@ -48,11 +49,13 @@ class Engine:
 
     ``mtp_path`` names a separate GGUF with the ``mtp.0.*`` block (MTP tensors inside the main file
     are used automatically). ``prefill_chunk`` caps tokens per prefill chunk (default: 4096 when a
-    prompt is longer than that); chunking never changes results.
+    prompt is longer than that); chunking never changes results. ``steering`` (a
+    :class:`ds4.steering.Steering`) is the directional steering of the sessions this engine creates.
     """
 
     def __init__(self, path: str | os.PathLike[str], backend: str = "cpu", threads: int | None = None,
-                 mtp_path: str | os.PathLike[str] | None = None, prefill_chunk: int | None = None) -> None:
+                 mtp_path: str | os.PathLike[str] | None = None, prefill_chunk: int | None = None,
+                 steering: "Steering | None" = None) -> None:
         from . import _core
         from .inspection import inspect
 
@@ -80,6 +83,8 @@ class Engine:
         elif self.info.has_mtp:
             self._model.load_mtp("", _tensor_table(self.info, _MTP_PREFIX))
         self._tokenizer: Tokenizer | None = None
+        self._steering: Steering | None = None
+        self.steering = steering
 
     # ---- properties -------------------------------------------------------------------------
     @property
@@ -108,11 +113,30 @@ class Engine:
             self._tokenizer = Tokenizer.from_gguf(self.path)
         return self._tokenizer
 
+    @property
+    def steering(self) -> "Steering | None":
+        """Directional steering given to sessions created from now on (None: off).
+
+        Setting it checks the directions against the model (SteeringFileError naming the file
+        and the expected size); sessions that already exist keep their own setting.
+        """
+        return self._steering
+
+    @steering.setter
+    def steering(self, value: "Steering | None") -> None:
+        if value is not None:
+            value = value.for_shape(self.shape)
+            value._native(self.shape)  # build (and validate) the shared native copy once
+        self._steering = value
+
     # ---- sessions ---------------------------------------------------------------------------
     def session(self, ctx: int = 32768) -> "Session":
-        """A new, empty inference timeline with room for ``ctx`` tokens."""
+        """A new, empty inference timeline with room for ``ctx`` tokens (with the engine's steering)."""
         from .session import Session
-        return Session(self, ctx)
+        s = Session(self, ctx)
+        if self._steering is not None:
+            s.steering = self._steering
+        return s
 
     def load_session(self, path: str | os.PathLike[str], ctx: int | None = None) -> "Session":
         """A session restored from a payload file written by :meth:`Session.save`.
@@ -127,6 +151,8 @@ class Engine:
                 raise CacheFormatError(f"{path}: truncated session payload")
             ctx = int.from_bytes(data[8:12], "little")
         s = Session(self, int(ctx))
+        if self._steering is not None:
+            s.steering = self._steering
         s.load_payload(data)
         return s
 

@@ -20,6 +20,7 @@ __all__ = [
     "TokenizerError",
     "CancelledError",
     "Ds4IOError",
+    "SteeringFileError",
 ]
 
 
@@ -60,3 +61,7 @@ class CancelledError(Ds4Error):
 
 class Ds4IOError(Ds4Error, OSError):
     """The operating system refused a read, write or memory map."""
+
+
+class SteeringFileError(InvalidArgumentError):
+    """A directional-steering file of the wrong size for the model, or holding non-finite values."""

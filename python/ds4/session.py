@@ -28,8 +28,9 @@ from .errors import InvalidArgumentError, UnsupportedModelError
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
     from .sampling import Rng, TokenLogprob
+    from .steering import Steering
 
-__all__ = ["Session", "Snapshot"]
+__all__ = ["Session", "Snapshot", "ActivationCapture"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,45 @@ class Snapshot:
 ProgressFn = Callable[[int, int], None]
 
 
+class ActivationCapture:
+    """What :meth:`Session.capture` recorded: per component a float32 ``[tokens, n_layer, n_embd]``
+    array (``capture["ffn_out"]``) and the tokens' positions. Filled when the ``with`` block ends."""
+
+    def __init__(self, components: tuple[str, ...]) -> None:
+        self.components = components
+        self.positions = np.zeros(0, np.int64)
+        self.values: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, component: str) -> np.ndarray:
+        try:
+            return self.values[component]
+        except KeyError:
+            raise InvalidArgumentError(f"{component!r} was not captured (captured: {', '.join(self.components)})") from None
+
+    def __repr__(self) -> str:
+        return f"ActivationCapture({', '.join(self.components)}; {len(self.positions)} tokens)"
+
+
+class _CaptureScope:
+    def __init__(self, session: "Session", capture: ActivationCapture, mask: int, last_only: bool) -> None:
+        self._s, self.capture, self._mask, self._last_only = session, capture, mask, last_only
+
+    def __enter__(self) -> ActivationCapture:
+        if self._s._capturing:
+            raise InvalidArgumentError("this session is already capturing activations")
+        self._s._s.set_tap(self._mask, self._last_only)
+        self._s._capturing = True
+        return self.capture
+
+    def __exit__(self, *exc: object) -> None:
+        from .steering import COMPONENTS
+        positions, rows = self._s._s.take_tap()
+        self._s._s.set_tap(0, False)
+        self._s._capturing = False
+        self.capture.positions = positions
+        self.capture.values = {COMPONENTS[k]: v for k, v in rows.items()}
+
+
 class Session:
     """One timeline: ``sync``/``eval`` tokens, read ``logits``, checkpoint and persist the state.
 
@@ -63,6 +103,8 @@ class Session:
         self.engine = engine
         self._s = _core.Session(engine._model, int(ctx))
         self._logits: np.ndarray | None = None
+        self._steering: Steering | None = None
+        self._capturing = False
 
     # ---- timeline ---------------------------------------------------------------------------
     @property
@@ -163,6 +205,46 @@ class Session:
     def kv_bytes(self) -> int:
         """Bytes allocated for this session's KV state."""
         return int(self._s.kv_bytes)
+
+    # ---- steering and activations --------------------------------------------------------------
+    @property
+    def steering(self) -> "Steering | None":
+        """Directional steering of this session (None: off); see :mod:`ds4.steering`.
+
+        Setting it on a non-empty timeline keeps the tokens and rebuilds their state under the
+        new setting on next use (the live state was computed under the old one).
+        """
+        return self._steering
+
+    @steering.setter
+    def steering(self, value: "Steering | None") -> None:
+        native = None
+        if value is not None:
+            value = value.for_shape(self.engine.shape)
+            native = value._native(self.engine.shape)
+        self._s.set_steering(native)
+        self._steering = value
+
+    def capture(self, *components: str, last_only: bool = False) -> _CaptureScope:
+        """Record per-layer activations of every token evaluated inside a ``with`` block::
+
+            with s.capture("ffn_out") as cap:
+                s.sync(tokens)
+            cap["ffn_out"]          # float32 [tokens, n_layer, n_embd]
+
+        Components: ``"attn_out"`` (attention output after its projection) and ``"ffn_out"``
+        (routed + shared experts), as HC post consumes them, i.e. after any steering edit.
+        ``last_only`` keeps only the last evaluated token (bounded memory on long prompts).
+        Tokens rebuilt after a rewind are recorded again, with their positions.
+        """
+        from .steering import COMPONENTS
+        comps = components or ("ffn_out",)
+        mask = 0
+        for c in comps:
+            if c not in COMPONENTS:
+                raise InvalidArgumentError(f"unknown activation component {c!r}; expected one of {', '.join(COMPONENTS)}")
+            mask |= 1 << COMPONENTS.index(c)
+        return _CaptureScope(self, ActivationCapture(tuple(comps)), mask, bool(last_only))
 
     # ---- MTP ----------------------------------------------------------------------------------
     def mtp_logits(self) -> np.ndarray:

@@ -32,12 +32,13 @@ _HELP = """commands:
 
 
 def register(subparsers: Any) -> None:
-    from .generate import add_kv_cache_arguments, add_sampling_args
+    from .generate import add_kv_cache_arguments, add_sampling_args, add_steering_arguments
 
     p = subparsers.add_parser("chat", help="interactive multi-turn chat",
                               description="Interactive chat; the live session is kept between turns.")
     add_sampling_args(p)
     add_kv_cache_arguments(p)
+    add_steering_arguments(p)
     p.set_defaults(func=run)
 
 

@@ -22,8 +22,9 @@ from typing import Any, Sequence
 
 from ..errors import ContextOverflowError, Ds4IOError, InvalidArgumentError
 from ..kvcache import add_arguments as add_kv_cache_arguments
+from ..steering import add_arguments as add_steering_arguments
 
-__all__ = ["register", "run", "add_sampling_args", "open_engine", "open_kv_cache", "ReferenceEngine",
+__all__ = ["register", "run", "add_sampling_args", "add_steering_arguments", "open_engine", "open_kv_cache", "ReferenceEngine",
            "ProgressBar", "think_from_args", "StreamPrinter", "report_cache"]
 
 _DIM, _RESET = "\x1b[2m", "\x1b[0m"
@@ -58,6 +59,7 @@ def register(subparsers: Any) -> None:
                               description="One-shot generation from a prompt, streamed to stdout.")
     add_sampling_args(p)
     add_kv_cache_arguments(p)
+    add_steering_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", default=None, help="prompt text")
     src.add_argument("--prompt-file", default=None, metavar="FILE", help="read the prompt from FILE")
@@ -123,11 +125,11 @@ class _ReferenceSession:
 class ReferenceEngine:
     """Engine-shaped wrapper of the numpy reference model (for tests and tiny models)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], steering=None) -> None:
         from ..reference import ReferenceModel
         from ..tokenizer import Tokenizer
 
-        self.model = ReferenceModel(path)
+        self.model = ReferenceModel(path, steering=steering)
         self.tokenizer = Tokenizer.from_gguf(path)
         self.info = SimpleNamespace(shape=self.model.shape)
 
@@ -156,13 +158,16 @@ def open_kv_cache(args: argparse.Namespace):
 
 
 def open_engine(args: argparse.Namespace):
+    """The engine the flags ask for (``--reference``: the numpy model), with ``--dir-steering-*``."""
+    from ..steering import from_args as steering_from_args
     from ..testing import default_model_path
 
     path = args.model if args.model is not None else default_model_path()
     if not os.path.exists(path):
         raise Ds4IOError(f"{path}: model file not found")
+    steering = steering_from_args(args)
     if args.reference:
-        return ReferenceEngine(path)
+        return ReferenceEngine(path, steering)
     try:
         from ..engine import Engine
     except ModuleNotFoundError as e:
@@ -171,19 +176,24 @@ def open_engine(args: argparse.Namespace):
         raise InvalidArgumentError(
             "the compiled engine is not available in this build; pass --reference to run the numpy "
             "reference model (small models only)") from None
-    return Engine(path, threads=args.threads)
+    return Engine(path, threads=args.threads, steering=steering)
 
 
 # ---- terminal output -----------------------------------------------------------------------------
 
 
 class ProgressBar:
-    """A one-line stderr progress bar for long prefills (throttled; cleared when done)."""
+    """A one-line stderr progress bar for long prefills (throttled; cleared when done).
 
-    def __init__(self, stream=None, enabled: bool | None = None, min_total: int = 64) -> None:
+    ``label`` and ``unit`` name the work (other commands reuse it: ``bench``, ``perplexity``...).
+    """
+
+    def __init__(self, stream=None, enabled: bool | None = None, min_total: int = 64, label: str = "prefill",
+                 unit: str = "tokens") -> None:
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.min_total = min_total
+        self.label, self.unit = label, unit
         self._last = 0.0
         self._shown = False
 
@@ -196,13 +206,13 @@ class ProgressBar:
         self._last = now
         width = 30
         done = int(width * current / max(total, 1))
-        self.stream.write(f"\rprefill [{'#' * done}{'.' * (width - done)}] {current}/{total} tokens")
+        self.stream.write(f"\r{self.label} [{'#' * done}{'.' * (width - done)}] {current}/{total} {self.unit}")
         self.stream.flush()
         self._shown = True
 
     def close(self) -> None:
         if self._shown:
-            self.stream.write("\r" + " " * 70 + "\r")
+            self.stream.write("\r" + " " * max(70, 50 + len(self.label) + len(self.unit)) + "\r")
             self.stream.flush()
             self._shown = False
 

@@ -32,6 +32,7 @@ def _positive(name: str):
 
 def register(subparsers: Any) -> None:
     from ..kvcache import add_arguments
+    from ..steering import add_arguments as add_steering_arguments
 
     p = subparsers.add_parser("serve", help="run the OpenAI/Anthropic compatible HTTP server",
                               description="Serve a model over HTTP (OpenAI chat/completions, Anthropic "
@@ -60,6 +61,7 @@ def register(subparsers: Any) -> None:
                    help="append a human-readable trace of every request (prompt, output, cache decision) to FILE")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_arguments(p)
+    add_steering_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -81,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
     path = args.model if args.model is not None else default_model_path()
     if not os.path.exists(path):
         raise Ds4IOError(f"{path}: model file not found")
-    engine = Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
+    from ..steering import from_args as steering_from_args
+
+    engine = Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp,
+                    steering=steering_from_args(args))
     kv = from_args(args)
     trace = None
     if args.trace:
