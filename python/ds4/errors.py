@@ -21,6 +21,7 @@ __all__ = [
     "CancelledError",
     "Ds4IOError",
     "SteeringFileError",
+    "LogitsFileError",
 ]
 
 
@@ -65,3 +66,8 @@ class Ds4IOError(Ds4Error, OSError):
 
 class SteeringFileError(InvalidArgumentError):
     """A directional-steering file of the wrong size for the model, or holding non-finite values."""
+
+
+class LogitsFileError(Ds4Error, ValueError):
+    """A saved-logits file (``ds4 perplexity --save-logits``) is corrupt, truncated or does not match
+    the run it is compared with (vocabulary, window, tokens)."""
