@@ -367,6 +367,9 @@ def generate(
         raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
     if session is None:
         session = engine.session(ctx=ctx if ctx is not None else DEFAULT_CTX)
+    if kv_cache is not None and getattr(session, "steering", None) is not None:
+        # Cache files do not record steering: a steered state could later be restored as a plain one.
+        raise InvalidArgumentError("a disk KV cache cannot be used with directional steering")
     mode = think_mode_for_context(think, session.ctx)
     plan = None
     t0 = time.perf_counter()

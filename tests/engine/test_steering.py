@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ds4
 import ds4.testing
@@ -12,7 +14,7 @@ from ds4.errors import Ds4IOError, InvalidArgumentError, SteeringFileError
 from ds4.reference import ReferenceModel
 from ds4.steering import Steering
 
-from _compare import compare_rows
+from _compare import compare_rows, row_means
 
 N_TOKENS = 40   # teacher-forced tokens per comparison: ~1 s of reference time on "tiny"
 
@@ -96,6 +98,24 @@ def test_tap_matches_reference_trace(pair, steered_reference) -> None:
             assert (rel < 0.1).mean() >= 0.9, (comp, il)
             other = np.array(trace[f"blk.{(il + 1) % eng.shape.n_layer}.{comp}"])
             assert np.median(np.linalg.norm(got[:, il] - other, axis=1) / np.linalg.norm(other, axis=1)) > 0.5
+
+
+@settings(max_examples=3, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=ds4.testing.shapes(max_layers=3), seed=st.integers(0, 1000),
+       ffn=st.floats(-3, 3), attn=st.floats(-3, 3))
+def test_drawn_shapes_with_steering(tmp_path_factory: pytest.TempPathFactory, shape, seed: int, ffn: float,
+                                   attn: float) -> None:
+    # Same per-row criterion and calibration as test_reference_match.test_drawn_shapes (top-1
+    # routing shapes flip whole rows now and then, so rows are judged one by one).
+    path = ds4.testing.write_model(tmp_path_factory.mktemp("drawn") / "m.gguf", shape, seed=seed)
+    steering = Steering(_unit_dirs(shape, seed), ffn=ffn, attn=attn)
+    eng, ref = ds4.Engine(path, threads=1), ReferenceModel(path, steering=steering)
+    tokens = np.random.default_rng(seed).integers(0, shape.n_vocab, 16).tolist()
+    ours, _ = _engine_rows(eng, tokens, steering)
+    state = ref.new_state(128)
+    theirs = np.array([ref.decode(state, t) for t in tokens])
+    rows = row_means(ours, theirs)
+    assert np.median(rows) <= 0.07 and (rows > 0.1).mean() <= 0.2, np.round(rows, 3)
 
 
 @pytest.mark.parametrize("component", ["ffn_out", "attn_out"])
@@ -258,3 +278,11 @@ def test_capture_arguments(pair) -> None:
     with s.capture("ffn_out") as after:
         pass
     assert after["ffn_out"].shape == (0, 4, 256)
+
+
+def test_kv_cache_refuses_steered_sessions(pair, tmp_path) -> None:
+    eng, _ = pair
+    s = eng.session(ctx=64)
+    s.steering = Steering(_unit_dirs(eng.shape), ffn=1.0)
+    with pytest.raises(InvalidArgumentError, match="disk KV cache cannot be used with directional steering"):
+        eng.generate(prompt="hi", max_tokens=1, session=s, kv_cache=ds4.KVCache(tmp_path / "kv"), stream=False)
