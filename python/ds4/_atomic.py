@@ -41,26 +41,11 @@ def write_atomic(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> 
 
     ``fsync=False`` skips both fsyncs (tests, throwaway data): the rename stays atomic for readers.
     """
-    path = Path(path)
-    tmp = temp_path(path)
     written = 0
-    try:
-        with open(tmp, "xb") as fp:
-            for chunk in chunks:
-                fp.write(chunk)
-                written += len(chunk)
-            fp.flush()
-            if fsync:
-                os.fsync(fp.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if fsync:
-        _fsync_dir(path.parent)
+    with atomic_stream(path, fsync=fsync) as fp:
+        for chunk in chunks:
+            fp.write(chunk)
+            written += len(chunk)
     return written
 
 

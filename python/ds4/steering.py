@@ -177,28 +177,18 @@ def _sidecar_shape(f32: Path) -> tuple[int, int] | None:
 
 # ---- command-line flags (generate, chat, serve) -------------------------------------------------
 
-def _scale_arg(flag: str):
-    def conv(v: str) -> float:
-        import argparse
-        try:
-            f = float(v)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} expects a number, got {v!r}") from None
-        if not math.isfinite(f) or abs(f) > MAX_SCALE:
-            raise argparse.ArgumentTypeError(f"{flag} {v}: expected a value in [-100, 100]")
-        return f
-    return conv
-
-
 def add_arguments(parser: Any) -> None:
     """Upstream's steering flags: ``--dir-steering-file``, ``--dir-steering-ffn`` (default 1 when a
     file is given and no scale is set), ``--dir-steering-attn`` (default 0); scales in [-100, 100]."""
+    from .commands._argtypes import bounded_float
+
     g = parser.add_argument_group("directional steering (docs/steering.md)")
     g.add_argument("--dir-steering-file", default=None, metavar="FILE",
                    help="per-layer float32 directions [n_layer][n_embd] (e.g. from `ds4 steering build`)")
-    g.add_argument("--dir-steering-ffn", type=_scale_arg("--dir-steering-ffn"), default=None, metavar="F",
+    scale = lambda flag: bounded_float(flag, -MAX_SCALE, MAX_SCALE)  # noqa: E731
+    g.add_argument("--dir-steering-ffn", type=scale("--dir-steering-ffn"), default=None, metavar="F",
                    help="after each FFN output: y -= F*d*dot(d,y) (default with a file: 1)")
-    g.add_argument("--dir-steering-attn", type=_scale_arg("--dir-steering-attn"), default=None, metavar="F",
+    g.add_argument("--dir-steering-attn", type=scale("--dir-steering-attn"), default=None, metavar="F",
                    help="after each attention output (default 0)")
 
 

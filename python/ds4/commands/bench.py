@@ -18,19 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._argtypes import positive_int as _positive_int
+
 __all__ = ["register", "run", "format_compare"]
-
-
-def _positive_int(flag: str):
-    def conv(v: str) -> int:
-        try:
-            n = int(v)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} expects an integer, got {v!r}") from None
-        if n <= 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be > 0, got {n}")
-        return n
-    return conv
 
 
 def register(subparsers: Any) -> None:
