@@ -36,18 +36,20 @@ Steering::Steering(int64_t nl, int64_t ne, std::vector<float> d, float attn_scal
     }
 }
 
-void Steering::apply(HookPoint p, int il, float* rows, int64_t nb) const {
-    const float s = scale[(int)p];
-    if (s == 0.0f) return;
-    const float* d = dirs.data() + (int64_t)il * n_embd;
-    // Upstream's CPU order: one float accumulator over the row, then y -= (s*dot)*d.
+void project_out_rows(float* rows, int64_t nb, int64_t n_embd, const float* d, float scale) {
     for (int64_t b = 0; b < nb; ++b) {
         float* y = rows + b * n_embd;
         float dot = 0.0f;
         for (int64_t i = 0; i < n_embd; ++i) dot += y[i] * d[i];
-        const float coeff = s * dot;
+        const float coeff = scale * dot;
         for (int64_t i = 0; i < n_embd; ++i) y[i] -= coeff * d[i];
     }
+}
+
+void Steering::apply(HookPoint p, int il, float* rows, int64_t nb) const {
+    const float s = scale[(int)p];
+    if (s == 0.0f) return;
+    project_out_rows(rows, nb, n_embd, dirs.data() + (int64_t)il * n_embd, s);
 }
 
 void ActivationTap::begin_batch(int64_t pos0, int64_t nb) {

@@ -13,6 +13,10 @@ enum class HookPoint : int { AttnOut = 0, FfnOut = 1 };
 constexpr int kHookPoints = 2;
 constexpr int hook_bit(HookPoint p) { return 1 << (int)p; }
 
+// The steering edit itself, on nb consecutive rows of n_embd floats: y -= scale*(d.y)*d, with one
+// float accumulator in index order (upstream's CPU order). A backend op can wrap it as it is.
+void project_out_rows(float* rows, int64_t nb, int64_t n_embd, const float* dir, float scale);
+
 // One direction per layer ([n_layer][n_embd] floats) and a scale per hook point. At a point with
 // a non-zero scale s, every token row y becomes y - s*(d.y)*d with d that layer's direction.
 struct Steering {
