@@ -83,8 +83,9 @@ def test_cli_csv_json_compare_and_plot(capsys, prompt, tmp_path) -> None:
     run_a = load_run(tmp_path / "a.json")
     assert run_a.settings["complete"] and run_a.settings["routed_bits"] == 2 and len(run_a.rows) == 3
     assert [f"{r.prefill_tps:.2f}" for r in run_a.rows] == [r[2] for r in table[1:]]
-    rc, _ = _bench(capsys, prompt, "--csv", tmp_path / "b.csv", "--json", tmp_path / "b.json",
-                   "--plot", tmp_path / "b.png")
+    rc, (_, err) = _bench(capsys, prompt, "--csv", tmp_path / "b.csv", "--json", tmp_path / "b.json",
+                          "--plot", tmp_path / "b.png", "--progress")
+    assert "bench [" in err and "/108 tokens" in err    # the bar counts prefilled + decoded tokens: 96 + 3 x 4
     assert rc == 0 and (tmp_path / "b.csv").read_text().splitlines()[0] == ",".join(CSV_COLUMNS)
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["bench", "--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"),

@@ -52,7 +52,9 @@ def test_ppl_matches_an_independent_reference_computation(capsys, text, models, 
     window's tokens before it: recomputed here with ds4.reference, decoding every token."""
     from ds4.reference import ReferenceModel
 
-    _run(capsys, "-m", models["q2"], "-f", text, "--json", tmp_path / "r.json")
+    out, err = _run(capsys, "-m", models["q2"], "-f", text, "--json", tmp_path / "r.json", "--progress")
+    assert "perplexity over 3 windows of 32 tokens" in err and "[3/3] ppl" in err and "perplexity [" in err
+    assert out.startswith("Final estimate: PPL = ") and "+/-" in out
     rep = json.loads((tmp_path / "r.json").read_text())
     eng = ds4.Engine(models["q2"], threads=1)
     windows = make_windows(eng.tokenizer.encode(text.read_text()), WINDOW, eng.tokenizer.require("bos"), 3)
