@@ -89,6 +89,42 @@ def test_score_window_rows_are_the_prefix_logits(models) -> None:
         np.testing.assert_array_equal(rows[k], s.logits)
 
 
+def test_score_window_batches_through_verify_when_available(models) -> None:
+    """With a session that offers batched verification (verify/accept), the scored half goes through
+    it in blocks of max_verify and yields the same rows as token-by-token decode."""
+    eng = ds4.Engine(models["q2"], threads=1)
+
+    class Verifying:
+        """verify/accept written with eval, so only the block logic is under test here."""
+
+        def __init__(self) -> None:
+            self.s, self.max_verify, self.calls = eng.session(ctx=40), 4, []
+
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+        def verify(self, toks):
+            self.calls.append(len(toks))
+            snap, rows = self.s.snapshot(), []
+            for t in toks:
+                self.s.eval(t)
+                rows.append(self.s.logits.copy())
+            self.s.restore(snap)
+            self.pending = list(toks)
+            return np.array(rows)
+
+        def accept(self, n):
+            for t in self.pending[:n]:
+                self.s.eval(t)
+
+    w = np.arange(3, 3 + 22, dtype=np.int32)
+    fake = Verifying()
+    got = [r.copy() for r in score_window(fake, w)]
+    want = [r.copy() for r in score_window(eng.session(ctx=40), w)]
+    assert fake.calls == [4, 4, 2] and len(got) == len(want) == 11
+    np.testing.assert_array_equal(np.array(got), np.array(want))
+
+
 def test_self_comparison_is_exactly_zero(capsys, text, models, tmp_path) -> None:
     base = tmp_path / "q2.logits"
     _run(capsys, "-m", models["q2"], "-f", text, "--save-logits", base)

@@ -71,18 +71,30 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def score_window(session, tokens: np.ndarray) -> Iterator[np.ndarray]:
-    """The logits predicting each scored token of one window, in order (a view: copy to keep).
+    """The logits predicting each scored token of one window, in order (may be views: copy to keep).
 
-    The context half is one prefill; then each scored token's logits are read and the token is
-    evaluated, so the window costs one prefill and ``scored - 1`` decode steps.
+    The context half is one prefill. The scored half runs in batched verification passes
+    (``Session.verify`` + ``accept``: every position's logits from one batch, the same numbers
+    decode gives) when the session has them, else token by token with ``eval``.
     """
     first = len(tokens) // 2
+    rest = [int(t) for t in tokens[first:-1]]   # evaluated after the context; the last token only scored
     session.reset()
-    session.sync(tokens[:first].tolist())
-    for j in range(first, len(tokens)):
-        yield session.logits
-        if j + 1 < len(tokens):
-            session.eval(int(tokens[j]))
+    session.sync([int(t) for t in tokens[:first]])
+    yield session.logits
+    verify = getattr(session, "verify", None)
+    i = 0
+    while i < len(rest):
+        if verify is not None:
+            n = min(int(session.max_verify), len(rest) - i)
+            rows = verify(rest[i:i + n])
+            session.accept(n)
+            yield from rows
+            i += n
+        else:
+            session.eval(rest[i])
+            yield session.logits
+            i += 1
 
 
 @dataclass
