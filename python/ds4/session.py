@@ -97,11 +97,11 @@ class Session:
     """
 
     def __init__(self, engine: "Engine", ctx: int = 32768) -> None:
-        from . import _core
         if int(ctx) < 2:
             raise InvalidArgumentError(f"ctx must be at least 2, got {ctx}")
         self.engine = engine
-        self._s = _core.Session(engine._model, int(ctx))
+        # The compiled session of a local engine, or a pipeline's chain of stages (same methods).
+        self._s = engine._core_session(int(ctx))
         self._logits: np.ndarray | None = None
         self._steering: Steering | None = None
         self._capturing = False
@@ -207,6 +207,12 @@ class Session:
         return int(self._s.kv_bytes)
 
     # ---- steering and activations --------------------------------------------------------------
+    def _hooks(self, what: str):
+        """The compiled session's hook API (a pipeline's chain of stages has none yet)."""
+        if not hasattr(self._s, "set_tap"):
+            raise UnsupportedModelError(f"{what} needs a single-engine session; pipeline stages do not run it yet")
+        return self._s
+
     @property
     def steering(self) -> "Steering | None":
         """Directional steering of this session (None: off); see :mod:`ds4.steering`.
@@ -218,11 +224,12 @@ class Session:
 
     @steering.setter
     def steering(self, value: "Steering | None") -> None:
+        core = self._hooks("directional steering")
         native = None
         if value is not None:
             value = value.for_shape(self.engine.shape)
             native = value._native(self.engine.shape)
-        self._s.set_steering(native)
+        core.set_steering(native)
         self._steering = value
 
     def capture(self, *components: str, last_only: bool = False) -> _CaptureScope:
@@ -238,6 +245,7 @@ class Session:
         Tokens rebuilt after a rewind are recorded again, with their positions.
         """
         from .steering import COMPONENTS
+        self._hooks("the activation tap")
         comps = components or ("ffn_out",)
         mask = 0
         for c in comps:

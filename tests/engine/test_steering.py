@@ -286,3 +286,15 @@ def test_kv_cache_refuses_steered_sessions(pair, tmp_path) -> None:
     s.steering = Steering(_unit_dirs(eng.shape), ffn=1.0)
     with pytest.raises(InvalidArgumentError, match="disk KV cache cannot be used with directional steering"):
         eng.generate(prompt="hi", max_tokens=1, session=s, kv_cache=ds4.KVCache(tmp_path / "kv"), stream=False)
+
+
+def test_pipeline_sessions_refuse_steering_clearly(pair) -> None:
+    from ds4.errors import UnsupportedModelError
+    from ds4.stages import Pipeline
+
+    eng, _ = pair
+    s = Pipeline(eng.path, stages=2, threads=1).session(ctx=32)
+    with pytest.raises(UnsupportedModelError, match="directional steering needs a single-engine session"):
+        s.steering = Steering(_unit_dirs(eng.shape))
+    with pytest.raises(UnsupportedModelError, match="activation tap needs a single-engine session"):
+        s.capture("ffn_out")
