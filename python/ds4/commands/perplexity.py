@@ -9,6 +9,7 @@ the final report goes to stdout, and as JSON to ``--json FILE``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -98,27 +99,22 @@ def run(args: argparse.Namespace) -> int:
 
     meta = {"model": str(model), "text": str(args.file) if args.file else None,
             "method": "non-overlapping windows, BOS + window-1 tokens, second half scored"}
-    writer = LogitsWriter(args.save_logits, n_vocab=engine.shape.n_vocab, window=window, scored=scored,
-                          meta=meta) if args.save_logits else None
     t0 = time.monotonic()
-    try:
-        if writer is not None:
-            writer.__enter__()
-        for res in run_windows(engine, windows, base=base, kl=kl, on_token=tick):
-            nll.add(res.nll)
-            if writer is not None:
-                writer.append(res.tokens, res.logprobs)
+    with contextlib.ExitStack() as stack:   # a failed or interrupted run removes the partial logits file
+        writer = stack.enter_context(LogitsWriter(args.save_logits, n_vocab=engine.shape.n_vocab, window=window,
+                                                  scored=scored, meta=meta)) if args.save_logits else None
+        try:
+            for res in run_windows(engine, windows, base=base, kl=kl, on_token=tick):
+                nll.add(res.nll)
+                if writer is not None:
+                    writer.append(res.tokens, res.logprobs)
+                bar.close()
+                extra = f", KL {sum(kl.kl) / kl.n:.6f}" if kl is not None else ""
+                print(f"[{res.index + 1}/{len(windows)}] ppl {nll.ppl:.4f} ± {nll.ppl_err:.4f}{extra} "
+                      f"({nll.n / (time.monotonic() - t0):.1f} tokens/s scored)", file=sys.stderr)
+        finally:
             bar.close()
-            extra = f", KL {sum(kl.kl) / kl.n:.6f}" if kl is not None else ""
-            print(f"[{res.index + 1}/{len(windows)}] ppl {nll.ppl:.4f} ± {nll.ppl_err:.4f}{extra} "
-                  f"({nll.n / (time.monotonic() - t0):.1f} tokens/s scored)", file=sys.stderr)
-    except BaseException as e:
-        bar.close()
-        if writer is not None:
-            writer.__exit__(type(e), e, e.__traceback__)   # removes the partial file
-        raise
     if writer is not None:
-        writer.__exit__(None, None, None)
         print(f"ds4: wrote {writer.n_windows} windows of log-probabilities to {args.save_logits}", file=sys.stderr)
     report = {"model": str(model), "window": window, "windows": len(windows), "scored_tokens": nll.n,
               "mean_nll": nll.mean, "ppl": nll.ppl, "ppl_err": nll.ppl_err,
