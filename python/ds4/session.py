@@ -30,7 +30,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from .sampling import Rng, TokenLogprob
     from .steering import Steering
 
-__all__ = ["Session", "Snapshot", "ActivationCapture"]
+__all__ = ["Session", "Snapshot", "ActivationCapture", "common_prefix_len"]
+
+
+def common_prefix_len(a: Iterable[int], b: Iterable[int]) -> int:
+    """Length of the common prefix of two token sequences: :meth:`Session.common_prefix` for
+    session doubles written in Python (the reference engine's session, test fakes)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != int(y):
+            break
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
