@@ -194,8 +194,9 @@ class Engine:
                 raise CacheFormatError(f"{path}: truncated session payload")
             ctx = int.from_bytes(data[8:12], "little")
         s = Session(self, int(ctx))
-        if self._steering is not None:
-            s.steering = self._steering
+        steering = getattr(self, "_steering", None)   # pipelines borrow this method and have none
+        if steering is not None:
+            s.steering = steering
         s.load_payload(data)
         return s
 
