@@ -156,7 +156,7 @@ def machine_settings(engine: "Engine") -> dict:
         "model_bytes": engine.path.stat().st_size,
         "variant": engine.info.variant,
         "routed_bits": engine.routed_bits,
-        "backend": "cpu",
+        "backend": str(getattr(engine, "backend", "cpu")),
         "threads": engine.threads,
         "simd": _core.simd_path(),
         "machine": platform.machine(),

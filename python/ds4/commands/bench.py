@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
                    help="system text for --chat-prompt-file")
     p.add_argument("-m", "--model", default=None, help="GGUF model (default: the bundled tiny synthetic model)")
     p.add_argument("-t", "--threads", type=_positive_int("--threads"), default=None, metavar="N", help="CPU threads")
-    p.add_argument("--backend", default="cpu", metavar="NAME", help="compute backend (only 'cpu' in this build)")
+    p.add_argument("--backend", default="auto", metavar="NAME", help="compute backend (default auto: see ds4.backends)")
     p.add_argument("--ctx-start", type=_positive_int("--ctx-start"), default=2048, metavar="N",
                    help="first frontier (default 2048)")
     p.add_argument("--ctx-max", type=_positive_int("--ctx-max"), default=32768, metavar="N",
