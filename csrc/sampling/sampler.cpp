@@ -13,6 +13,14 @@ namespace ds4 {
 namespace {
 
 constexpr int64_t kTopKMax = 1024;
+
+// The whole-vocabulary loops get an AVX-512 clone, picked at load time where the CPU has it; the
+// arithmetic is the same IEEE float32 in either clone, so the picks do not depend on the CPU.
+#if defined(DS4_ARCH_X86) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define DS4_SAMPLING_HOT __attribute__((target_clones("arch=x86-64-v4", "default"), noinline))
+#else
+#define DS4_SAMPLING_HOT
+#endif
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline bool finite(float v) { return v - v == 0.0f; }   // false for NaN and +-inf
@@ -114,18 +122,77 @@ constexpr int64_t kBlock = 64;
 
 namespace {
 
-// Largest value of a[0..m) by `v > acc` (NaN never wins), in 16 independent lanes.
-inline float block_max(const float* a, int64_t m, float init) {
-    float acc[16];
-    for (float& x : acc) x = init;
+// 16 float lanes (GCC/Clang vector extension; lowered to whatever the clone's ISA has).
+typedef float F16 __attribute__((vector_size(64)));
+
+inline F16 load16(const float* p) {
+    F16 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+inline float lanes_max(F16 acc, float init) {
+    float r = init;
+    for (int j = 0; j < 16; ++j) r = acc[j] > r ? acc[j] : r;
+    return r;
+}
+
+// Largest value of a[0..m) by `v > acc` (NaN never wins).
+DS4_SAMPLING_HOT float block_max(const float* a, int64_t m, float init) {
+    F16 acc = init - (F16){};
     int64_t i = 0;
     for (; i + 16 <= m; i += 16) {
-        for (int j = 0; j < 16; ++j) acc[j] = a[i + j] > acc[j] ? a[i + j] : acc[j];
+        const F16 v = load16(a + i);
+        acc = v > acc ? v : acc;
     }
-    for (; i < m; ++i) acc[0] = a[i] > acc[0] ? a[i] : acc[0];
-    float r = init;
-    for (float x : acc) r = x > r ? x : r;
+    float r = lanes_max(acc, init);
+    for (; i < m; ++i) r = a[i] > r ? a[i] : r;
     return r;
+}
+
+// Largest finite value of a[0..n) (-inf when none is finite).
+DS4_SAMPLING_HOT float finite_max(const float* a, int64_t n) {
+    const F16 neg = kNegInf - (F16){};
+    F16 acc = neg;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const F16 v = load16(a + i);
+        const F16 fv = (v - v == 0.0f) ? v : neg;   // NaN and +-inf fail v - v == 0
+        acc = fv > acc ? fv : acc;
+    }
+    float r = lanes_max(acc, kNegInf);
+    for (; i < n; ++i) {
+        const float fv = finite(a[i]) ? a[i] : kNegInf;
+        r = fv > r ? fv : r;
+    }
+    return r;
+}
+
+// First i with a[i] == v (n when none).
+DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
+    for (int64_t b = 0; b < n; b += kBlock) {
+        const int64_t m = std::min(kBlock, n - b);
+        int any = 0;
+        for (int64_t j = 0; j < m; ++j) any |= a[b + j] == v;
+        if (!any) continue;
+        for (int64_t j = 0; j < m; ++j) if (a[b + j] == v) return b + j;
+    }
+    return n;
+}
+
+DS4_SAMPLING_HOT int32_t count_finite(const float* a, int64_t n) {
+    int32_t c = 0;
+    for (int64_t i = 0; i < n; ++i) c += finite(a[i]) ? 1 : 0;
+    return c;
+}
+
+// x[i] = fl(fl(a[i] - m) / t), -inf for non-finite a[i] (dividing by 1 is exact: skipped).
+DS4_SAMPLING_HOT void shifted_args(const float* a, int64_t n, float m, float t, float* x) {
+    if (t == 1.0f) {
+        for (int64_t i = 0; i < n; ++i) x[i] = finite(a[i]) ? a[i] - m : kNegInf;
+    } else {
+        for (int64_t i = 0; i < n; ++i) x[i] = finite(a[i]) ? (a[i] - m) / t : kNegInf;
+    }
 }
 
 // Appends the ids i with a[i] >= floor and a[i] finite, in id order.
@@ -211,36 +278,12 @@ bool Sampler::filter_sorted(float total, float top_p, float min_p, bool list_is_
 }
 
 void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float min_p) {
-    // The largest finite logit and how many are finite, in 16 independent lanes.
-    float lane_max[16];
-    int64_t lane_count[16] = {};
-    for (float& x : lane_max) x = kNegInf;
-    int64_t i0 = 0;
-    for (; i0 + 16 <= n; i0 += 16) {
-        for (int j = 0; j < 16; ++j) {
-            const float v = a[i0 + j];
-            const bool f = finite(v);
-            lane_count[j] += f;
-            lane_max[j] = (f && v > lane_max[j]) ? v : lane_max[j];
-        }
-    }
-    for (; i0 < n; ++i0) {
-        const bool f = finite(a[i0]);
-        lane_count[0] += f;
-        lane_max[0] = (f && a[i0] > lane_max[0]) ? a[i0] : lane_max[0];
-    }
-    float m = kNegInf;
-    int64_t n_finite = 0;
-    for (int j = 0; j < 16; ++j) {
-        m = lane_max[j] > m ? lane_max[j] : m;
-        n_finite += lane_count[j];
-    }
-    if (n_finite == 0) {
+    const float m = finite_max(a, n);
+    if (m == kNegInf) {   // no finite logit
         c_.no_draw = argmax_logits(a, n);
         return;
     }
-    int64_t best = 0;
-    while (!(a[best] == m)) ++best;   // first index of the largest finite logit
+    const int64_t best = first_equal(a, n, m);   // first index of the largest finite logit
     c_.no_draw = c_.after_walk = (int32_t)best;
 
     if (top_p >= 1.0f && min_p > 0.0f) {
@@ -267,11 +310,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     // Every finite token's weight (non-finite logits weigh 0: they add nothing to sums or walks).
     x_.resize((size_t)n);
     wall_.resize((size_t)n);
-    if (t == 1.0f) {   // dividing by 1 is exact
-        for (int64_t i = 0; i < n; ++i) x_[i] = finite(a[i]) ? a[i] - m : kNegInf;
-    } else {
-        for (int64_t i = 0; i < n; ++i) x_[i] = finite(a[i]) ? (a[i] - m) / t : kNegInf;
-    }
+    shifted_args(a, n, m, t, x_.data());
     exp_weights(x_.data(), wall_.data(), n);
     const bool need_mass_floor = top_p < 1.0f && min_p == 0.0f;
     if (need_mass_floor) counts_.resize(4 * kBuckets);
@@ -284,6 +323,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     }
 
     // Sorted branch: a sorted prefix that the filters stop inside decides; grow it until one does.
+    const int32_t n_finite = count_finite(a, n);
     bool done = false;
     if (min_p > 0.0f) {
         // p/total >= fl(1/total)*min_p needs p >= min_p up to a few ulps: a 0.1% margin is a superset.
