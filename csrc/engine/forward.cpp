@@ -14,6 +14,7 @@
 #include "layers/output_head.h"
 #include "layers/rope.h"
 #include "quant/kernels.h"
+#include "state/kv_rollback.h"
 
 namespace ds4 {
 
@@ -40,8 +41,9 @@ void grouped_output_a(const Shape& s, const TensorRef& wa, const float* heads, i
 }
 
 // Layer il of kv.shape (its ratio and RoPE), with weights L.
+// log: where a speculative batch records the frontier rows it writes (null otherwise).
 void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scratch& sc, int il, int64_t nb,
-                     int64_t pos0) {
+                     int64_t pos0, KvRollback* log = nullptr) {
     const Shape& s = kv.shape;
     const AttentionWeights& w = L.attn;
     ThreadPool* pool = model.pool();
@@ -95,11 +97,19 @@ void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scr
                                 &sc.csc[b * cw], pos, sc.comp_row.data(), sc.comp_tmp.data())) {
                 kv.push_comp(il, sc.comp_row.data());
             }
+            if (log) {
+                const int64_t row = frontier_row(ratio, pos) * cw;
+                log->record(il, 0, b, &C.attn_state_kv[row], &C.attn_state_score[row], cw);
+            }
         }
         if (ratio == 4) {
             if (compressor_step(index_lane, L.indexer.comp, C.index_state_kv.data(), C.index_state_score.data(),
                                 &sc.ickv[b * icw], &sc.icsc[b * icw], pos, sc.comp_row.data(), sc.comp_tmp.data())) {
                 kv.push_index_comp(il, sc.comp_row.data());
+            }
+            if (log) {
+                const int64_t row = frontier_row(ratio, pos) * icw;
+                log->record(il, 1, b, &C.index_state_kv[row], &C.index_state_score[row], icw);
             }
             if (indexer_needed(s, C.n_index_comp)) {
                 if (!need_indexer) fail(ErrorKind::InvalidArgument, "internal: indexer inputs were not prepared");
@@ -163,8 +173,11 @@ void output_logits(const Model& model, Scratch& sc, const float* H, float* logit
     linear(W.output, sc.y.data(), 1, logits, sc.act, model.pool());
 }
 
-void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
-                   float* logits, float* final_hc) {
+namespace {
+
+// Every layer over the batch; leaves each token's final HC state in sc.H.
+void run_layers(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
+                KvRollback* log) {
     const Shape& s = model.shape();
     const ModelWeights& W = model.weights();
     const int64_t E = s.n_embd, HD = s.hc_dim();
@@ -183,12 +196,37 @@ void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* 
         for (int h = 0; h < s.n_hc; ++h) std::memcpy(&sc.H[b * HD + h * E], sc.plain.data(), (size_t)E * sizeof(float));
     }
     for (int il = 0; il < s.n_layer; ++il) {
-        attention_layer(model, W.layers[il], kv, sc, il, n, pos0);
+        attention_layer(model, W.layers[il], kv, sc, il, n, pos0, log);
         ffn_layer(model, W.layers[il].ffn, sc, tokens, n);
     }
+}
+
+}  // namespace
+
+void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
+                   float* logits, float* final_hc) {
+    run_layers(model, kv, sc, tokens, n, pos0, nullptr);
+    const int64_t HD = model.shape().hc_dim();
     const float* last = &sc.H[(n - 1) * HD];
     if (final_hc) std::memcpy(final_hc, last, (size_t)HD * sizeof(float));
     if (logits) output_logits(model, sc, last, logits);
+}
+
+void forward_verify(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
+                    float* all_logits, float* all_hc, KvRollback& log) {
+    log.capture(kv, pos0, n);
+    run_layers(model, kv, sc, tokens, n, pos0, &log);
+    const Shape& s = model.shape();
+    const ModelWeights& W = model.weights();
+    const int64_t E = s.n_embd, HD = s.hc_dim();
+    std::memcpy(all_hc, sc.H.data(), (size_t)(n * HD) * sizeof(float));
+    // The head for every position in one batched product (its rows equal n single-row products).
+    std::vector<float> ys((size_t)(n * E));
+    for (int64_t b = 0; b < n; ++b) {
+        hc_collapse_norm(s, W.head, &sc.H[b * HD], sc.y.data(), sc.flat.data(), sc.ytmp.data(), sc.act, model.pool());
+        std::memcpy(&ys[b * E], sc.y.data(), (size_t)E * sizeof(float));
+    }
+    linear(W.output, ys.data(), n, all_logits, sc.act, model.pool());
 }
 
 Shape mtp_state_shape(const Shape& s) {

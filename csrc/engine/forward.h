@@ -16,6 +16,14 @@ namespace ds4 {
 void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
                    float* logits, float* final_hc = nullptr);
 
+class KvRollback;
+
+// The verification pass of speculative decoding: forward_batch over tokens[0..n) that also writes
+// every position's logits (n x n_vocab into all_logits) and final HC state (n x hc_dim into
+// all_hc), and fills `log` so the session can keep any prefix of the batch (KvRollback).
+void forward_verify(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
+                    float* all_logits, float* all_hc, KvRollback& log);
+
 // Logits from one final HC state (hc_dim floats) through the model's output head.
 void output_logits(const Model& model, Scratch& sc, const float* H, float* logits);
 

@@ -52,6 +52,13 @@ void pool_state(float* out, const float* skv, const float* ssc, int64_t hd, int 
     }
 }
 
+// Ratio 4 after an emission: the current window becomes the previous one; rows 4..7 keep their
+// contents and are overwritten before the next emission.
+void advance_window(float* skv, float* ssc, int64_t width) {
+    std::memcpy(skv, skv + 4 * width, (size_t)(4 * width) * sizeof(float));
+    std::memcpy(ssc, ssc + 4 * width, (size_t)(4 * width) * sizeof(float));
+}
+
 }  // namespace
 
 bool compressor_step(const CompressorLane& lane, const CompressorWeights& w, float* skv, float* ssc,
@@ -60,7 +67,7 @@ bool compressor_step(const CompressorLane& lane, const CompressorWeights& w, flo
     const int64_t hd = lane.head_dim;
     const int64_t width = Shape::coff(ratio) * hd;
     const int64_t pos_mod = pos % ratio;
-    const int64_t row = ratio == 4 ? ratio + pos_mod : pos_mod;
+    const int64_t row = frontier_row(ratio, pos);
 
     // APE row pos_mod of the [width, ratio] tensor, added to the score only.
     dequantize_row(w.ape.type, w.ape.data + pos_mod * w.ape.row_stride(), tmp, width);
@@ -69,6 +76,7 @@ bool compressor_step(const CompressorLane& lane, const CompressorWeights& w, flo
     std::memcpy(ssc + row * width, sc_cur, (size_t)width * sizeof(float));
     if ((pos + 1) % ratio != 0) return false;
 
+    // Pooled before the ratio-4 window moves (frontier_store does the move for replays).
     pool_state(tmp, skv, ssc, hd, ratio);
     rms_norm_weight(out, tmp, w.norm.f32(), hd, lane.eps);
     rope_tail(out, 1, hd, lane.n_rot, pos + 1 - ratio, *lane.rope, false);
@@ -77,13 +85,16 @@ bool compressor_step(const CompressorLane& lane, const CompressorWeights& w, flo
     } else {
         indexer_qat_row(out, hd);
     }
-    if (ratio == 4) {
-        // The current window becomes the previous one; rows 4..7 keep their contents and are
-        // overwritten before the next emission.
-        std::memcpy(skv, skv + 4 * width, (size_t)(4 * width) * sizeof(float));
-        std::memcpy(ssc, ssc + 4 * width, (size_t)(4 * width) * sizeof(float));
-    }
+    if (ratio == 4) advance_window(skv, ssc, width);
     return true;
+}
+
+void frontier_store(int ratio, int64_t width, float* skv, float* ssc, const float* kv_row, const float* score_row,
+                    int64_t pos) {
+    const int64_t row = frontier_row(ratio, pos);
+    std::memcpy(skv + row * width, kv_row, (size_t)width * sizeof(float));
+    std::memcpy(ssc + row * width, score_row, (size_t)width * sizeof(float));
+    if (ratio == 4 && (pos + 1) % ratio == 0) advance_window(skv, ssc, width);
 }
 
 }  // namespace ds4

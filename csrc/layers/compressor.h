@@ -25,4 +25,14 @@ struct CompressorLane {
 bool compressor_step(const CompressorLane& lane, const CompressorWeights& w, float* state_kv, float* state_score,
                      const float* kv_cur, float* sc_cur, int64_t pos, float* out, float* tmp);
 
+// The frontier row a token at position pos writes (ratio 4: the current window's half, rows 4..7).
+inline int64_t frontier_row(int ratio, int64_t pos) { return ratio == 4 ? ratio + pos % ratio : pos % ratio; }
+
+// The frontier update of compressor_step without the pooling: stores the token's kv / score rows
+// (width floats each, score with APE already added) at its row, and when the token closes a
+// window of a ratio-4 lane moves the current window into the previous one. Replaying the rows a
+// batch wrote with this rebuilds the frontier after any prefix of it (speculative rollback).
+void frontier_store(int ratio, int64_t width, float* state_kv, float* state_score, const float* kv_row,
+                    const float* score_row, int64_t pos);
+
 }  // namespace ds4

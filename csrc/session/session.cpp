@@ -5,12 +5,14 @@
 
 #include "common/errors.h"
 #include "engine/forward.h"
+#include "sampling/sampler.h"
 #include "session/payload.h"
 
 namespace ds4 {
 
 namespace {
 constexpr int64_t kKeepBatchScratch = 256;   // tokens of batch scratch kept between calls
+constexpr int64_t kMaxDraftSteps = 16;       // MTP draft chain length (upstream's cap)
 }  // namespace
 
 Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::move(model)) {
@@ -29,20 +31,156 @@ Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::
 void Session::reset_mtp() {
     if (!mtp_kv_.layers.empty()) mtp_kv_.reset();
     mtp_pos_ = -1;
+    chain_steps_ = 0;
 }
 
-const float* Session::mtp_logits() {
+void Session::mtp_step0() {
     if (!model_->weights().mtp.present) fail(ErrorKind::Unsupported, "this engine has no MTP block loaded");
     materialize();
     if (pos() == 0 || !has_logits_ || !hidden_valid_) {
         fail(ErrorKind::InvalidArgument, "MTP needs a token evaluated in this session (the hidden state is not saved in payloads)");
     }
     if (mtp_pos_ != pos()) {
+        mtp_hc_.resize(last_hc_.size());
         mtp_forward(*model_, mtp_kv_, mtp_scratch_, last_hc_.data(), tokens_.back(), pos() - 1, mtp_logits_.data(),
-                    nullptr);
+                    mtp_hc_.data());
         mtp_pos_ = pos();
     }
+}
+
+const float* Session::mtp_logits() {
+    discard_pending();
+    mtp_step0();
     return mtp_logits_.data();
+}
+
+void Session::discard_pending() {
+    if (pending_ == 0) return;
+    verify_log_.rollback(kv_, 0);
+    pending_ = 0;
+}
+
+void Session::discard_chain() {
+    if (chain_steps_ == 0) return;
+    chain_log_.rollback(mtp_kv_, 0);
+    chain_steps_ = 0;
+}
+
+int64_t Session::max_verify() const {
+    return std::max<int64_t>(0, std::min(kv_.raw_cap, ctx() - 1 - pos()));
+}
+
+void Session::verify(const int32_t* t, int64_t n) {
+    discard_pending();
+    check_tokens(t, n);
+    materialize();
+    if (n < 1 || n > max_verify()) {
+        fail(ErrorKind::ContextOverflow, "cannot verify " + std::to_string(n) + " tokens at position " +
+                                             std::to_string(pos()) + ": at most " + std::to_string(max_verify()) +
+                                             " fit (raw window, one context slot stays free)");
+    }
+    const Shape& s = model_->shape();
+    verify_logits_.resize((size_t)(n * s.n_vocab));
+    verify_hc_.resize((size_t)(n * s.hc_dim()));
+    try {
+        forward_verify(*model_, kv_, scratch_, t, n, pos(), verify_logits_.data(), verify_hc_.data(), verify_log_);
+    } catch (...) {
+        stale_ = true;   // rows of a partial batch: rebuild from the checkpoint on next use
+        has_logits_ = false;
+        throw;
+    }
+    verify_tokens_.assign(t, t + n);
+    pending_ = n;
+}
+
+const float* Session::verify_logits(int64_t i) const {
+    if (i < 0 || i >= pending_) {
+        fail(ErrorKind::InvalidArgument, "verified row " + std::to_string(i) + " is outside [0, " +
+                                             std::to_string(pending_) + ")");
+    }
+    return verify_logits_.data() + i * model_->shape().n_vocab;
+}
+
+void Session::accept(int64_t c) {
+    if (c < 0 || c > pending_) {
+        fail(ErrorKind::InvalidArgument, "accept " + std::to_string(c) + " of " + std::to_string(pending_) +
+                                             " verified tokens");
+    }
+    verify_log_.rollback(kv_, c);
+    pending_ = 0;
+    if (c == 0) {
+        discard_chain();
+        return;
+    }
+    const Shape& s = model_->shape();
+    tokens_.insert(tokens_.end(), verify_tokens_.begin(), verify_tokens_.begin() + c);
+    std::copy_n(verify_logits_.begin() + (c - 1) * s.n_vocab, s.n_vocab, logits_.begin());
+    std::copy_n(verify_hc_.begin() + (c - 1) * s.hc_dim(), s.hc_dim(), last_hc_.begin());
+    has_logits_ = true;
+    hidden_valid_ = true;
+    // The chain's steps fed tokens pos0.., so the first c-1 of them saw committed tokens; the
+    // next step 0 (from the last committed token's own hidden state) writes position pos()-1.
+    if (chain_steps_ > 0) {
+        chain_log_.rollback(mtp_kv_, std::min(chain_steps_, c - 1));
+        chain_steps_ = 0;
+    }
+    mtp_pos_ = -1;
+}
+
+int64_t Session::speculate_greedy(int32_t first, const int32_t* drafts, int64_t n_drafts) {
+    check_tokens(&first, 1);
+    discard_pending();
+    materialize();
+    const int64_t k = std::min(n_drafts, max_verify() - 1);
+    if (k <= 0) {
+        eval(first);
+        return 1;
+    }
+    std::vector<int32_t> seq;
+    seq.reserve((size_t)(k + 1));
+    seq.push_back(first);
+    seq.insert(seq.end(), drafts, drafts + k);
+    verify(seq.data(), k + 1);
+    const int64_t V = model_->shape().n_vocab;
+    int64_t c = 1;
+    while (c <= k && argmax_logits(verify_logits(c - 1), V) == drafts[c - 1]) ++c;
+    accept(c);
+    return c;
+}
+
+const float* Session::mtp_draft_step(int32_t token) {
+    check_tokens(&token, 1);
+    discard_pending();
+    if (chain_steps_ == 0) {
+        mtp_step0();
+        chain_log_.capture(mtp_kv_, pos(), std::min(kMaxDraftSteps, mtp_kv_.raw_cap));
+        chain_hc_ = mtp_hc_;
+        chain_hc_next_.resize(chain_hc_.size());
+        chain_logits_.resize(mtp_logits_.size());
+    }
+    if (chain_steps_ >= chain_log_.size()) {
+        fail(ErrorKind::InvalidArgument, "the MTP draft chain holds at most " + std::to_string(chain_log_.size()) +
+                                             " steps per commit");
+    }
+    mtp_forward(*model_, mtp_kv_, mtp_scratch_, chain_hc_.data(), token, pos() + chain_steps_, chain_logits_.data(),
+                chain_hc_next_.data());
+    chain_hc_.swap(chain_hc_next_);
+    ++chain_steps_;
+    return chain_logits_.data();
+}
+
+std::vector<int32_t> Session::mtp_drafts(int32_t first, int64_t n, int32_t stop_token) {
+    discard_pending();
+    discard_chain();
+    std::vector<int32_t> out;
+    int32_t tok = first;
+    for (int64_t i = 0; i < std::min(n, kMaxDraftSteps); ++i) {
+        const int32_t d = argmax_logits(mtp_draft_step(tok), model_->shape().n_vocab);
+        out.push_back(d);
+        if (d == stop_token) break;
+        tok = d;
+    }
+    return out;
 }
 
 void Session::check_tokens(const int32_t* t, int64_t n) const {
@@ -104,11 +242,13 @@ void Session::materialize() {
 }
 
 const float* Session::logits() {
+    discard_pending();
     materialize();
     return logits_.data();
 }
 
 int32_t Session::argmax() {
+    discard_pending();
     materialize();
     if (!has_logits_) fail(ErrorKind::InvalidArgument, "the session has no logits yet: evaluate a token first");
     const float* l = logits_.data();
@@ -123,6 +263,8 @@ void Session::eval(int32_t token) {
         fail(ErrorKind::ContextOverflow, "context is full: " + std::to_string(pos()) + " tokens in a ctx of " +
                                              std::to_string(ctx()) + " (one slot stays free)");
     }
+    discard_pending();
+    discard_chain();
     materialize();
     extend(&token, 1, nullptr, false, false);
 }
@@ -142,6 +284,8 @@ void Session::sync(const std::vector<int32_t>& prompt, const ChunkCallback& cb) 
                                              std::to_string(ctx()) + " (at most ctx-1 tokens)");
     }
     check_tokens(prompt.data(), n);
+    discard_pending();
+    discard_chain();
     const int64_t common = common_prefix(prompt);
     // An empty timeline has no valid checkpoint to extend (upstream): a full prefill, whose
     // finishing frontier reset keeps saved payloads byte-comparable.
@@ -157,6 +301,8 @@ void Session::rewind(int64_t p) {
         fail(ErrorKind::InvalidArgument, "rewind position " + std::to_string(p) + " is outside [0, " +
                                              std::to_string(pos()) + "]");
     }
+    discard_pending();
+    discard_chain();
     if (p == pos()) return;
     tokens_.resize((size_t)p);
     reset_mtp();
@@ -165,6 +311,7 @@ void Session::rewind(int64_t p) {
 }
 
 void Session::reset() {
+    pending_ = 0;   // the whole state is cleared: nothing to roll back
     reset_mtp();
     kv_.reset();
     tokens_.clear();
@@ -174,6 +321,7 @@ void Session::reset() {
 }
 
 std::vector<uint8_t> Session::save_payload() {
+    discard_pending();
     materialize();
     std::vector<uint8_t> out;
     write_payload(kv_, tokens_, logits_.data(), out);
@@ -181,6 +329,7 @@ std::vector<uint8_t> Session::save_payload() {
 }
 
 int64_t Session::payload_size() {
+    discard_pending();
     materialize();
     return payload_bytes(kv_, pos());
 }
@@ -192,6 +341,7 @@ void Session::load_payload(const uint8_t* data, size_t size) {
     std::vector<int32_t> toks;
     std::vector<float> logits;
     read_payload(data, size, fresh, toks, logits);
+    pending_ = 0;   // the state is replaced wholesale
     kv_ = std::move(fresh);
     reset_mtp();
     hidden_valid_ = false;
