@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from .errors import InvalidArgumentError
 from .sampling import Rng, SamplingParams, argmax, probabilities, sample
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import Session
 
-__all__ = ["Cycle", "DraftFn", "greedy_cycle", "sampled_cycle", "resolve_drafts"]
+__all__ = ["Cycle", "DraftFn", "Speculator", "greedy_cycle", "sampled_cycle", "resolve_drafts"]
 
 # draft source: (session, first, n) -> up to n draft tokens (greedy) ; the default is the MTP block
 DraftFn = Callable[["Session", int, int], Sequence[int]]
@@ -125,3 +126,42 @@ def sampled_cycle(session: "Session", first: int, n: int, params: SamplingParams
     accepted, replacement = resolve_drafts(p_rows, q_rows, drafts, rng)
     session.accept(accepted + 1)
     return Cycle((int(first), *drafts[:accepted]), len(drafts), accepted, replacement)
+
+
+class Speculator:
+    """Runs cycles for a decode loop and keeps the counts (``drafted``, ``accepted``).
+
+    Back-off (this port's policy; upstream gates on the MTP logit margin instead): a cycle that
+    accepts nothing makes the next ``skip`` cycles plain one-token decodes, ``skip`` doubling from 1
+    up to ``max_skip`` while drafts keep missing and dropping to 0 on the first hit. A draft source
+    that never agrees then costs about one failed verification every ``max_skip`` tokens.
+    """
+
+    def __init__(self, n: int, draft: DraftFn | None = None, max_skip: int = 64) -> None:
+        self.n = int(n)
+        self.draft = draft
+        self.max_skip = int(max_skip)
+        self.drafted = self.accepted = 0
+        self._skip = self._wait = 0
+
+    def cycle(self, session: "Session", first: int, params: SamplingParams | None = None,
+              rng: Rng | None = None, stop: int | None = None) -> Cycle:
+        """Commit ``first`` and whatever the drafts add (greedy unless ``params`` samples)."""
+        if self.n <= 0 or self._wait > 0:
+            self._wait = max(0, self._wait - 1)
+            session.eval(first)
+            return Cycle((int(first),), 0, 0)
+        if params is not None and params.temperature > 0:
+            if rng is None:
+                raise InvalidArgumentError("sampled speculation needs an Rng")
+            cyc = sampled_cycle(session, first, self.n, params, rng, stop=stop)
+        else:
+            cyc = greedy_cycle(session, first, self.n, self.draft, stop)
+        self.drafted += cyc.drafted
+        self.accepted += cyc.accepted
+        if cyc.drafted and not cyc.accepted:
+            self._skip = min(self.max_skip, max(1, 2 * self._skip))
+            self._wait = self._skip
+        elif cyc.accepted:
+            self._skip = 0
+        return cyc
