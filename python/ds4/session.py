@@ -57,11 +57,11 @@ class Session:
     """
 
     def __init__(self, engine: "Engine", ctx: int = 32768) -> None:
-        from . import _core
         if int(ctx) < 2:
             raise InvalidArgumentError(f"ctx must be at least 2, got {ctx}")
         self.engine = engine
-        self._s = _core.Session(engine._model, int(ctx))
+        # The compiled session of a local engine, or a pipeline's chain of stages (same methods).
+        self._s = engine._core_session(int(ctx))
         self._logits: np.ndarray | None = None
 
     # ---- timeline ---------------------------------------------------------------------------
