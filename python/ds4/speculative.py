@@ -64,7 +64,8 @@ def greedy_cycle(session: "Session", first: int, n: int, draft: DraftFn | None =
     """Commit ``first`` and up to ``n`` drafts greedy decoding agrees with (one batched pass).
 
     ``draft`` replaces the MTP block as the draft source (benchmarks inject perfect or random
-    drafts); drafting stops after ``stop`` (EOS: the caller ends there anyway).
+    drafts). Drafts end before ``stop`` (EOS): plain decoding never evaluates it, so neither does
+    a cycle, and the committed state stays plain decoding's.
     """
     k = _room(session, n)
     if k == 0:
@@ -72,7 +73,7 @@ def greedy_cycle(session: "Session", first: int, n: int, draft: DraftFn | None =
         return Cycle((int(first),), 0, 0)
     drafts = list(draft(session, first, k) if draft is not None else session.mtp_drafts(first, k, stop))[:k]
     if stop is not None and stop in drafts:
-        drafts = drafts[: drafts.index(stop) + 1]
+        drafts = drafts[: drafts.index(stop)]
     c = session.speculate(first, drafts)
     return Cycle((int(first), *map(int, drafts[: c - 1])), len(drafts), c - 1)
 
@@ -100,7 +101,8 @@ def sampled_cycle(session: "Session", first: int, n: int, params: SamplingParams
                   draft_logits: Callable[["Session", int], np.ndarray] | None = None,
                   stop: int | None = None) -> Cycle:
     """Speculative sampling: commit ``first``, draw up to ``n`` drafts from the draft model under
-    ``params``, verify them in one pass and keep what :func:`resolve_drafts` accepts.
+    ``params`` (ending before a drafted ``stop``), verify them in one pass and keep what
+    :func:`resolve_drafts` accepts.
 
     ``draft_logits(session, token)`` replaces the MTP chain step (default
     :meth:`Session.mtp_draft_step`). With ``params.temperature <= 0`` this is the greedy rule.
@@ -116,11 +118,15 @@ def sampled_cycle(session: "Session", first: int, n: int, params: SamplingParams
     tok = int(first)
     for _ in range(k):
         logits = step(session, tok)
-        q_rows.append(probabilities(logits, **kw))
+        q = probabilities(logits, **kw)
         tok = sample(logits, rng=rng, **kw) if params.temperature > 0 else argmax(logits)
-        drafts.append(tok)
-        if tok == stop:
+        if tok == stop:   # never evaluated (as plain decoding): the target decides it next cycle
             break
+        q_rows.append(q)
+        drafts.append(tok)
+    if not drafts:
+        session.eval(first)
+        return Cycle((int(first),), 0, 0)
     rows = session.verify([first, *drafts])
     p_rows = [probabilities(rows[j], **kw) for j in range(len(drafts))]
     accepted, replacement = resolve_drafts(p_rows, q_rows, drafts, rng)

@@ -226,3 +226,46 @@ def test_sampled_cycle_end_to_end(engine) -> None:
             s3.eval(t)
         first = cyc.next_token if cyc.next_token is not None else int(np.argmax(s2.logits))
     _same_state(s2, s3)
+
+
+# ---- exposure: generate() and the CLI ---------------------------------------------------------
+
+
+def test_generate_speculative(engine) -> None:
+    # greedy: same tokens and the same final session state as plain decoding; counts reported
+    a, b = engine.session(ctx=256), engine.session(ctx=256)
+    kw = dict(max_tokens=20, temperature=0, think=False, stream=False)
+    plain = engine.generate("hello there", session=a, **kw)
+    spec = engine.generate("hello there", session=b, speculative=3, **kw)
+    assert spec.tokens == plain.tokens and spec.finish_reason == plain.finish_reason
+    assert a.save_payload() == b.save_payload()
+    assert spec.usage.drafted_tokens > 0 and plain.usage.drafted_tokens == 0
+    assert 0 <= spec.usage.accepted_tokens <= spec.usage.drafted_tokens
+    # sampled: a valid stream of the requested length with drafts counted
+    fin = engine.generate("hello there", max_tokens=12, temperature=1.0, seed=4, think=False, stream=False,
+                          speculative=2)
+    assert len(fin.tokens) == 12 and fin.usage.drafted_tokens > 0
+    with pytest.raises(InvalidArgumentError):
+        engine.generate("x", max_tokens=2, speculative=-1, stream=False)
+
+
+def test_generate_speculative_needs_mtp(tmp_path) -> None:
+    from ds4.errors import UnsupportedModelError
+
+    eng = ds4.Engine(ds4.testing.default_model_path(), threads=1)
+    with pytest.raises(UnsupportedModelError):
+        eng.generate("x", max_tokens=2, speculative=2, stream=False)
+
+
+def test_cli_mtp_flags(engine, capsys) -> None:
+    from ds4.cli import main
+
+    argv = ["generate", "-m", str(engine.path), "-p", "hi", "-n", "6", "--temp", "0", "--nothink", "-t", "1"]
+    assert main(argv) == 0
+    plain = capsys.readouterr()
+    assert main(argv + ["--mtp", "--mtp-draft", "2"]) == 0
+    spec = capsys.readouterr()
+    assert spec.out == plain.out
+    assert "drafts accepted" in spec.err
+    assert main(["generate", "-p", "hi", "-n", "2", "--mtp"]) != 0   # the bundled tiny model has no MTP
+    assert "embeds no MTP block" in capsys.readouterr().err
