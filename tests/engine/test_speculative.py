@@ -269,3 +269,29 @@ def test_cli_mtp_flags(engine, capsys) -> None:
     assert "drafts accepted" in spec.err
     assert main(["generate", "-p", "hi", "-n", "2", "--mtp"]) != 0   # the bundled tiny model has no MTP
     assert "embeds no MTP block" in capsys.readouterr().err
+
+
+def test_server_mtp_draft(engine) -> None:
+    # ds4 serve --mtp-draft: greedy answers equal plain decoding's; the counts reach the worker.
+    import json
+    import urllib.request
+
+    from ds4.server import Server, ServerConfig
+
+    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 10, "temperature": 0,
+            "thinking": False}
+    answers = []
+    for draft in (0, 3):
+        srv = Server(engine, ServerConfig(port=0, ctx=256, default_tokens=16, mtp_draft=draft)).start()
+        try:
+            req = urllib.request.Request(srv.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as f:
+                answers.append(json.loads(f.read()))
+            drafted = srv.worker.drafted
+        finally:
+            srv.stop()
+        assert (drafted > 0) == (draft > 0)
+    plain, spec = answers
+    assert spec["choices"][0]["message"] == plain["choices"][0]["message"]
+    assert spec["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"] == 10

@@ -49,6 +49,7 @@ class ServerConfig:
     tool_memory_max_ids: int = 100000
     exact_dsml_replay: bool = True
     trace: Any = None  # a text stream: human-readable trace of every request (prompt, output, cache)
+    mtp_draft: int = 0  # speculative decoding: MTP drafts per step (0: off; docs/speculative.md)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -171,6 +172,7 @@ class Server:
             fallback = kv_cache.tool_maps  # ids missing from memory may be in a cache file's KTM
         self.worker = Worker(engine, self.config.ctx, self.config.default_tokens, kv_cache,
                              ToolMemory(max_ids, fallback), trace=self.config.trace)
+        self.worker.mtp_draft = self.config.mtp_draft
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False

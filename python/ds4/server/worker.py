@@ -40,7 +40,8 @@ from typing import Any, Callable
 
 from ..chat import EOS as EOS_TEXT, DsmlTracker, ToolCall, parse_generated
 from ..errors import Ds4Error
-from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, sample
+from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, SamplingParams, sample
+from ..speculative import Speculator
 from . import shapes
 from .protocol import Request
 from .responses import ResponsesStream, responses_final
@@ -294,6 +295,8 @@ class Worker:
         self._responses_live: tuple[bytes, int] | None = None  # same, after a Responses turn
         self.live = LiveBindings()
         self.trace = trace  # a text stream for a human-readable per-request trace (--trace)
+        self.mtp_draft = 0  # speculative decoding: MTP drafts per step (ServerConfig.mtp_draft)
+        self.drafted = self.accepted = 0  # of the last request
 
     # ---- queue ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -595,8 +598,9 @@ class Worker:
             self._canonicalize(req, content or "", reasoning, calls)
         self._trace(f"--- generated ({completion} tokens, finish={finish}{', error=' + err if err else ''})\n"
                     f"{final_text}\n" + "".join(f"--- call {i} {c.name} {c.arguments}\n" for i, c in zip(ids, calls)))
-        log.info("ds4-server: %s gen=%d finish=%s%s %.3fs", req.kind, completion, finish,
-                 f' error="{err}"' if err else "", time.monotonic() - t0)
+        log.info("ds4-server: %s gen=%d finish=%s%s%s %.3fs", req.kind, completion, finish,
+                 f' error="{err}"' if err else "",
+                 f" mtp drafted={self.drafted} accepted={self.accepted}" if self.drafted else "", time.monotonic() - t0)
         return res
 
     def _remember_responses(self, req: Request, finish: str, content: str, reasoning: str | None, calls,
@@ -686,10 +690,16 @@ class Worker:
         dsml = DsmlTracker()  # where generation is inside a DSML block (greedy rule, §3.7)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text_str = ""  # append-only decoded view for the tracker
+        # Speculative decoding (not with tools: DSML is sampled greedily token by token): a cycle
+        # commits the sampled token plus accepted drafts, emitted by the next iterations without
+        # another eval (``queued``); a resampled rejection becomes the next token (``forced``).
+        spec = Speculator(self.mtp_draft) if self.mtp_draft > 0 and self.engine.has_mtp and not tools_live else None
+        queued: list[int] = []
+        forced = None
 
-        while not self.stopping and completion < max_tokens and s.pos < self.ctx:
+        while not self.stopping and completion < max_tokens and (queued or s.pos < self.ctx):
             in_tool = tools_live and dsml.in_tool
-            if (self.kv is not None and not (tools_live and (saw_start or in_tool))
+            if (self.kv is not None and not queued and not (tools_live and (saw_start or in_tool))
                     and self.kv.continued_target(s.pos)):
                 self.kv.maybe_store_continued(s, self.engine, **self._store_kw())
             temperature, top_k, top_p, min_p = req.temperature, req.top_k, req.top_p, req.min_p
@@ -697,15 +707,27 @@ class Worker:
                 temperature, top_k, top_p, min_p = DEFAULT_TEMPERATURE, 0, DEFAULT_TOP_P, DEFAULT_MIN_P
             if in_tool and dsml.greedy:
                 temperature = 0.0
-            token = sample(s.logits, temperature, top_k, top_p, min_p, rng)
+            from_queue = bool(queued)
+            if from_queue:
+                token = queued.pop(0)   # evaluated by the last cycle
+            elif forced is not None:
+                token, forced = forced, None
+            else:
+                token = sample(s.logits, temperature, top_k, top_p, min_p, rng)
             if token == eos:
                 finish = "stop"
                 break
-            try:
-                s.eval(token)
-            except Ds4Error as e:
-                finish, err = "error", f"decode failed: {e}"
-                break
+            if not from_queue:
+                try:
+                    if spec is None:
+                        s.eval(token)
+                    else:
+                        spec.n = min(self.mtp_draft, max_tokens - completion - 1)
+                        cyc = spec.cycle(s, token, SamplingParams(temperature, top_k, top_p, min_p), rng, stop=eos)
+                        queued, forced = list(cyc.committed[1:]), cyc.next_token
+                except Ds4Error as e:
+                    finish, err = "error", f"decode failed: {e}"
+                    break
             completion += 1
             piece = self.tok.token_to_bytes(token)
             text += piece
@@ -761,6 +783,7 @@ class Worker:
                 finish = "tool_calls"
                 break
 
+        self.drafted, self.accepted = (spec.drafted, spec.accepted) if spec is not None else (0, 0)
         if self.stopping and finish != "error":
             finish, err = "error", "shutdown requested"
         if tools_live and saw_start and not saw_end and finish != "error":
