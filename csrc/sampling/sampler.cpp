@@ -195,13 +195,14 @@ DS4_SAMPLING_HOT void shifted_args(const float* a, int64_t n, float m, float t, 
     }
 }
 
-// Appends the ids i with a[i] >= floor and a[i] finite, in id order.
-void collect_at_least(const float* a, int64_t n, float floor, std::vector<int32_t>& out) {
+// The ids i with key[i] >= floor and a[i] finite, in id order (key: the logits themselves or
+// their weights).
+void collect_at_least(const float* key, const float* a, int64_t n, float floor, std::vector<int32_t>& out) {
     out.clear();
     for (int64_t b = 0; b < n; b += kBlock) {
         const int64_t m = std::min(kBlock, n - b);
-        if (!(block_max(a + b, m, kNegInf) >= floor)) continue;   // +inf/NaN-only blocks pass: checked below
-        for (int64_t i = b; i < b + m; ++i) if (a[i] >= floor && finite(a[i])) out.push_back((int32_t)i);
+        if (!(block_max(key + b, m, kNegInf) >= floor)) continue;
+        for (int64_t i = b; i < b + m; ++i) if (key[i] >= floor && finite(a[i])) out.push_back((int32_t)i);
     }
 }
 
@@ -289,7 +290,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     if (top_p >= 1.0f && min_p > 0.0f) {
         // Only tokens with weight >= min_p are kept, in id order: a logit floor finds a superset.
         const float floor = logit_floor(m, t, min_p);
-        collect_at_least(a, n, floor, ids_);
+        collect_at_least(a, a, n, floor, ids_);
         x_.resize(ids_.size());
         w_.resize(ids_.size());
         for (size_t j = 0; j < ids_.size(); ++j) x_[j] = (a[ids_[j]] - m) / t;
@@ -328,13 +329,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     if (min_p > 0.0f) {
         // p/total >= fl(1/total)*min_p needs p >= min_p up to a few ulps: a 0.1% margin is a superset.
         const float c = std::min(min_p, 1.0f) * 0.999f;
-        ids_.clear();
-        const float* w = wall_.data();
-        for (int64_t b = 0; b < n; b += kBlock) {
-            const int64_t len = std::min(kBlock, n - b);
-            if (!(block_max(w + b, len, kNegInf) >= c)) continue;
-            for (int64_t i = b; i < b + len; ++i) if (w[i] >= c && finite(a[i])) ids_.push_back((int32_t)i);
-        }
+        collect_at_least(wall_.data(), a, n, c, ids_);
         sort_desc(a, ids_, keys_, tmp_keys_);
         done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
         if (!done) {
@@ -349,13 +344,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // (the 0.2% margin covers the float32 running sum's rounding; if not, the fallback below).
         const float c = mass_floor(counts_.data(), (double)top_p * (double)total * 1.002);
         if (c > 0.0f) {
-            ids_.clear();
-            const float* w = wall_.data();
-            for (int64_t b = 0; b < n; b += kBlock) {
-                const int64_t len = std::min(kBlock, n - b);
-                if (!(block_max(w + b, len, kNegInf) >= c)) continue;
-                for (int64_t i = b; i < b + len; ++i) if (w[i] >= c && finite(a[i])) ids_.push_back((int32_t)i);
-            }
+            collect_at_least(wall_.data(), a, n, c, ids_);
             sort_desc(a, ids_, keys_, tmp_keys_);
             done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
         }

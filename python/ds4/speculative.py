@@ -138,8 +138,8 @@ class Speculator:
     """Runs cycles for a decode loop and keeps the counts (``drafted``, ``accepted``).
 
     Back-off (this port's policy; upstream gates on the MTP logit margin instead): a cycle that
-    accepts nothing makes the next ``skip`` cycles plain one-token decodes, ``skip`` doubling from 1
-    up to ``max_skip`` while drafts keep missing and dropping to 0 on the first hit. A draft source
+    accepts nothing makes the next ``skip`` cycles plain one-token decodes, ``skip`` growing 4, 16,
+    64 (``max_skip``) while drafts keep missing and dropping to 0 on the first hit. A draft source
     that never agrees then costs about one failed verification every ``max_skip`` tokens.
     """
 
@@ -166,7 +166,7 @@ class Speculator:
         self.drafted += cyc.drafted
         self.accepted += cyc.accepted
         if cyc.drafted and not cyc.accepted:
-            self._skip = min(self.max_skip, max(1, 2 * self._skip))
+            self._skip = min(self.max_skip, max(4, 4 * self._skip))
             self._wait = self._skip
         elif cyc.accepted:
             self._skip = 0

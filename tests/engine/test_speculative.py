@@ -6,7 +6,8 @@ Exactness is checked as byte equality (payloads, logits, hidden states): the bat
 one-token decode compute the same bits, so nothing weaker is needed. Positions are chosen to cross
 the places where the state changes shape: ratio-4 and ratio-128 compressor emissions (positions
 3 mod 4, 127), the raw window filling up and wrapping (n_swa = 128 rows), and prompts prefilled in
-7-token chunks (the engine's prefill_chunk), whose frontier resets a decode must continue from.
+4-token chunks (the engine's prefill_chunk, smaller than a 5-token verification batch), whose
+frontier resets a decode must continue from.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ds4.speculative import greedy_cycle, resolve_drafts, sampled_cycle
 @pytest.fixture(scope="module", params=["tiny", "tiny-pro"])
 def engine(request, tmp_path_factory):
     path = ds4.testing.write_model(tmp_path_factory.mktemp("spec") / "m.gguf", request.param, mtp=True, seed=3)
-    return ds4.Engine(path, threads=2, prefill_chunk=7)
+    return ds4.Engine(path, threads=2, prefill_chunk=4)
 
 
 def _prompt(seed: int, n: int) -> list[int]:
@@ -41,7 +42,7 @@ def _same_state(a: "ds4.Session", b: "ds4.Session") -> None:
 
 
 # Verification batches starting at these positions cross: nothing (5), ratio-4 emissions and a
-# prefill-chunk boundary (12..14 with chunks of 7), the ratio-128 emission at 127 and the raw
+# prefill-chunk boundary (12..17 with chunks of 4), the ratio-128 emission at 127 and the raw
 # window filling (123..127), a full, wrapping window (130).
 STARTS = [5, 13, 123, 125, 127, 130]
 
