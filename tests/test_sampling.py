@@ -261,6 +261,22 @@ def test_filters_keep_intended_support_and_frequencies(kwargs, support):
     assert observed.min() > 0
 
 
+@pytest.mark.parametrize("kwargs,support", CASES)
+def test_probabilities_are_the_filtered_distribution(kwargs, support):
+    # probabilities() is what one draw picks from: the hand-computed support, PROBS renormalised
+    # over it (float32 weights: 1e-6 relative covers their rounding; a wrong support or a missing
+    # renormalisation is off by >= 1%).
+    from ds4.sampling import probabilities
+
+    p = probabilities(LOGITS, **kwargs)
+    assert p.dtype == np.float32 and p.shape == LOGITS.shape
+    assert set(np.flatnonzero(p)) == set(support)
+    want = PROBS[support] / PROBS[support].sum()
+    assert np.allclose(p[support], want, rtol=1e-6, atol=0)
+    greedy = probabilities(LOGITS, temperature=0)
+    assert greedy.tolist() == [1.0] + [0.0] * (LOGITS.size - 1)
+
+
 def test_temperature_flattens_distribution():
     n = 6000
     rng = Rng(99)
