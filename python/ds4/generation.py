@@ -66,6 +66,7 @@ from .chat import (
     think_enabled,
     think_mode_for_context,
 )
+from .decoding import StopMatcher, TokenPicker, ToolBlockWatch
 from .errors import ContextOverflowError, InvalidArgumentError, UnsupportedModelError
 from .sampling import (
     DEFAULT_MIN_P,
@@ -75,11 +76,7 @@ from .sampling import (
     Rng,
     SamplingParams,
     TokenLogprob,
-    argmax,
-    sample,
     time_seed,
-    token_logprob,
-    top_logprobs,
 )
 from .speculative import Speculator
 
@@ -227,56 +224,6 @@ def prompt_text(
                     THINK_START if think_enabled(mode) else THINK_END))
 
 
-class _StopMatcher:
-    """Holds back text that may begin a stop string; finds the earliest complete match.
-
-    Only the held-back text is kept (shorter than the longest stop string): a stop string can only
-    begin inside it, because released text was never a prefix of any stop string. So each push
-    costs O(len(delta) + longest stop), whatever the length of the generation.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self.max_len = max((len(s) for s in self.stops), default=0)
-        self.held = ""  # pushed but not yet released
-        self.length = 0  # characters pushed since the last reset
-
-    @property
-    def released(self) -> int:
-        """Characters released since the last reset (the stop's position after a match)."""
-        return self.length - len(self.held)
-
-    def reset(self) -> str:
-        """Release everything held (channel switch) and start a new text."""
-        out = self.held
-        self.held, self.length = "", 0
-        return out
-
-    def push(self, delta: str) -> tuple[str, str | None]:
-        """Append ``delta``; return (text safe to release now, matched stop string or None)."""
-        self.length += len(delta)
-        if not self.stops:
-            return delta, None
-        text = self.held + delta
-        best, stop = -1, None
-        for s in self.stops:
-            i = text.find(s)
-            if i >= 0 and (best < 0 or i < best):  # earliest hit wins; ties: the first listed
-                best, stop = i, s
-        if stop is not None:
-            self.held = text[best:]
-            return text[:best], stop
-        hold = 0
-        for k in range(min(len(text), self.max_len - 1), 0, -1):
-            tail = text[-k:]
-            if any(s.startswith(tail) for s in self.stops):
-                hold = k
-                break
-        end = len(text) - hold
-        self.held = text[end:]
-        return text[:end], None
-
-
 def _sync(session, tokens: list[int], progress: ProgressFn | None) -> None:
     if progress is not None:
         try:
@@ -320,14 +267,6 @@ def _prepare_cached(kv_cache, engine, session, prompt, messages, tokens, *, syst
         full_tokens=lambda: build_prompt(engine.tokenizer, prompt, messages, system=system, tools=tools,
                                          think=think, ctx=session.ctx, raw=raw),
     )
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def generate(
@@ -412,36 +351,6 @@ def generate(
     return final
 
 
-_BLOCK_MARKERS = (("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"), ("<DSML｜tool_calls>", "</DSML｜tool_calls>"),
-                  ("<tool_calls>", "</tool_calls>"))
-
-
-class _ToolBlockWatch:
-    """Whether a tool-call start marker (any syntax) followed by its end marker occurs in
-    ``text[start:]``, for a text that only grows: each call scans only the new characters (plus a
-    marker's length of overlap), never the whole text again."""
-
-    def __init__(self, start: int) -> None:
-        self.start = start
-        self.scanned = start  # text length at the previous call
-        self.opened = [-1] * len(_BLOCK_MARKERS)  # where each syntax's first start marker ends
-
-    def closed(self, text: str) -> bool:
-        prev, self.scanned = self.scanned, len(text)
-        for i, (open_tag, close_tag) in enumerate(_BLOCK_MARKERS):
-            at = self.opened[i]
-            if at < 0:
-                k = text.find(open_tag, max(self.start, prev - len(open_tag) + 1))
-                if k < 0:
-                    continue
-                at = self.opened[i] = k + len(open_tag)
-                if text.find(close_tag, at) >= 0:
-                    return True
-            elif text.find(close_tag, max(at, prev - len(close_tag) + 1)) >= 0:
-                return True
-        return False
-
-
 def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
          logprobs, progress, dsml, kv_cache=None, plan=None, prepare_seconds=0.0,
          speculative=0) -> Iterator[GenerationEvent]:
@@ -451,8 +360,8 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     tok = engine.tokenizer
     t0 = time.perf_counter() - prepare_seconds  # a disk load counts as prompt time
     if kv_cache is None:
-        live = list(session.tokens)
-        cached = len(live) if _common_prefix(live, prompt_tokens) == len(live) else 0
+        live = session.pos
+        cached = live if live and session.common_prefix(prompt_tokens) == live else 0
         cache_source = "memory" if cached else ""
         _sync(session, prompt_tokens, progress)
     else:
@@ -466,15 +375,16 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     thinking = tok.special.think_start is not None and prompt_tokens[-1] == tok.special.think_start
     channel = "reasoning" if thinking else "content"
     tracker = DsmlTracker() if dsml else None
-    blocks: _ToolBlockWatch | None = None  # watches post-think text for a complete tool block
+    blocks: ToolBlockWatch | None = None  # watches post-think text for a complete tool block
     if tracker is not None and not thinking:
-        blocks = _ToolBlockWatch(0)
+        blocks = ToolBlockWatch(0)
     raw = ""  # decoded text as generated, </think> included
-    rng = Rng(seed if seed is not None else time_seed())
+    picker = TokenPicker(temperature, top_k, top_p, min_p, Rng(seed if seed is not None else time_seed()), tracker,
+                         logprobs)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     decode = decoder.decode
     token_bytes = tok.token_to_bytes
-    matcher = _StopMatcher(stops)
+    matcher = StopMatcher(stops)
     push = matcher.push
     texts = {"reasoning": [], "content": []}
     out_tokens: list[int] = []
@@ -483,18 +393,17 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     budget = max_tokens if max_tokens is not None else session.ctx
     ctx = session.ctx
     pos = session.pos
-    plain_greedy = not temperature > 0  # as sample(): NaN and <= 0 are greedy
     continued = kv_cache.continued_target if kv_cache is not None else None
     # Speculative decoding: a cycle commits the chosen token plus accepted drafts; those drafts
     # are emitted by the next iterations without another eval (``queued``), and a resampled
-    # rejection becomes the next token (``forced``). Off where per-token logits or checkpoints
+    # rejection becomes the next token (``resampled``). Off where per-token logits or checkpoints
     # are needed (logprobs, tool-call rules, continued checkpoints).
     spec = None
-    if speculative > 0 and logprobs is None and tracker is None and continued is None:
+    if speculative > 0 and logprobs is None and tracker is None and continued is None and not picker.adjusts:
         spec = Speculator(speculative)
         params = SamplingParams(temperature, top_k, top_p, min_p)
     queued: list[int] = []
-    forced: int | None = None
+    resampled: int | None = None
 
     while True:
         if len(out_tokens) >= budget:
@@ -506,29 +415,22 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
             kv_cache.maybe_store_continued(session, engine)
         if queued:
             token = queued.pop(0)   # already evaluated by the last speculative cycle
-        elif forced is not None:
-            token, forced = forced, None
+        elif resampled is not None:
+            token, resampled = resampled, None
         else:
-            logits = session.logits
-            if plain_greedy or (tracker is not None and tracker.greedy):
-                token = argmax(logits)
-            else:
-                token = sample(logits, temperature, top_k, top_p, min_p, rng)
+            token = picker.pick(session.logits)
         committed = spec is not None and session.pos > pos   # evaluated ahead by a cycle
         if token == eos:
             finish = "eos"
             break
-        lp = tops = None
-        if logprobs is not None:
-            lp = token_logprob(logits, token).logprob
-            tops = tuple(top_logprobs(logits, logprobs)) if logprobs > 0 else ()
+        lp, tops = (picker.logprob, picker.tops) if logprobs is not None else (None, None)
         out_tokens.append(token)
         if channel == "reasoning" and token == think_end:
             flushed = decode(b"", final=True)
             decoder.reset()
             raw += flushed + THINK_END
             if tracker is not None:
-                blocks = _ToolBlockWatch(len(raw))
+                blocks = ToolBlockWatch(len(raw))
             released = matcher.reset() + flushed
             texts["reasoning"].append(released)
             yield TokenEvent(token, released, "reasoning", lp, tops)
@@ -562,8 +464,8 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
                     session.eval(token)
                 else:
                     spec.n = min(speculative, budget - len(out_tokens) - 1)
-                    cyc = spec.cycle(session, token, params, rng, stop=eos)
-                    queued, forced = list(cyc.committed[1:]), cyc.next_token
+                    cyc = spec.cycle(session, token, params, picker.rng, stop=eos)
+                    queued, resampled = list(cyc.committed[1:]), cyc.next_token
             except ContextOverflowError:
                 finish = "context"
                 break
