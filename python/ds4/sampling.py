@@ -286,15 +286,7 @@ def sample(
         return argmax(a)
     if rng is None:
         raise InvalidArgumentError("sample() needs an Rng when temperature > 0")
-    tp = _F32(top_p)
-    if not (tp > 0 and tp <= 1):
-        tp = _F32(1)
-    mp = _F32(min_p)
-    if mp < 0:
-        mp = _F32(0)
-    k = int(top_k)
-    k = min(k, TOP_K_MAX, a.size) if k > 0 else 0
-    token, rng.state = _core().sample(a, float(t), k, float(tp), float(mp), rng.state)
+    token, rng.state = _core().sample(a, *_knobs(t, top_k, top_p, min_p, a.size), rng.state)
     return int(token)
 
 
@@ -315,6 +307,12 @@ def probabilities(
         out = np.zeros(a.size, dtype=np.float32)
         out[argmax(a)] = 1
         return out
+    return _core().sample_probabilities(a, *_knobs(t, top_k, top_p, min_p, a.size))
+
+
+def _knobs(t, top_k, top_p, min_p, n: int) -> tuple[float, int, float, float]:
+    """Upstream's normalisation for a draw (temperature > 0): top_p outside (0, 1] -> 1,
+    min_p < 0 -> 0, top_k <= 0 -> 0 (whole vocabulary), else clamped to 1024 and the vocabulary."""
     tp = _F32(top_p)
     if not (tp > 0 and tp <= 1):
         tp = _F32(1)
@@ -322,8 +320,8 @@ def probabilities(
     if mp < 0:
         mp = _F32(0)
     k = int(top_k)
-    k = min(k, TOP_K_MAX, a.size) if k > 0 else 0
-    return _core().sample_probabilities(a, float(t), k, float(tp), float(mp))
+    k = min(k, TOP_K_MAX, n) if k > 0 else 0
+    return float(t), k, float(tp), float(mp)
 
 
 def _core():
