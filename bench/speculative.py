@@ -69,6 +69,7 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="small", help="ds4.testing preset (written with an MTP block)")
     p.add_argument("--tokens", type=int, default=48, help="tokens generated per run")
     p.add_argument("--drafts", default="1,2,3,4", help="draft lengths N")
+    p.add_argument("--sources", default="oracle,random,mtp", help="draft sources to run")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.tokens = min(args.repeats, 2), min(args.tokens, 16)
@@ -128,8 +129,9 @@ def main(argv=None) -> None:
         "random": lambda out: (lambda sess, f, k: g.integers(0, eng.shape.n_vocab, k).tolist()),
         "mtp": lambda out: None,
     }
-    runs = [(name, N, False) for name in sources for N in [int(x) for x in args.drafts.split(",")]]
-    runs += [("random", 3, True), ("mtp", 3, True)]
+    chosen = [x for x in args.sources.split(",") if x in sources]
+    runs = [(name, N, False) for name in chosen for N in [int(x) for x in args.drafts.split(",")]]
+    runs += [(name, 3, True) for name in ("random", "mtp") if name in chosen]
     for name, N, backoff in runs:
         src = sources[name]
         if True:
