@@ -20,6 +20,7 @@ __all__ = [
     "TokenizerError",
     "CancelledError",
     "Ds4IOError",
+    "PipelineError",
 ]
 
 
@@ -60,3 +61,9 @@ class CancelledError(Ds4Error):
 
 class Ds4IOError(Ds4Error, OSError):
     """The operating system refused a read, write or memory map."""
+
+
+class PipelineError(Ds4Error):
+    """A pipeline stage on another process or machine died, did not answer in time, or could not be
+    placed (or Ray, which runs the stages, is not installed). The message names the stage; resume
+    the conversation on a new pipeline from a saved payload or the disk KV cache."""

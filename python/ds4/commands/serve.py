@@ -53,6 +53,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cpu", dest="backend", action="store_const", const="cpu", help="CPU backend (default)")
     p.add_argument("--metal", dest="backend", action="store_const", const="metal", help="Metal backend (not in this build)")
     p.add_argument("--cuda", dest="backend", action="store_const", const="cuda", help="CUDA backend (not in this build)")
+    p.add_argument("--pipeline-stages", type=_positive("--pipeline-stages"), default=None, metavar="N",
+                   help="split the layers into N stages, one Ray actor each (needs ds4[distributed]; see docs/distributed.md)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="Ray cluster to place the stages on (default: a local Ray instance)")
     p.add_argument("--host", default="127.0.0.1", help="IPv4 address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--cors", action="store_true",
@@ -70,8 +74,21 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _open_engine(args: argparse.Namespace, path: str | os.PathLike[str]):
+    """A local Engine, or with --pipeline-stages a PipelineEngine on Ray (same session API)."""
+    if args.pipeline_stages is None:
+        if args.ray_address is not None:
+            raise InvalidArgumentError("--ray-address needs --pipeline-stages N")
+        from ..engine import Engine
+        return Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
+    if args.backend != "cpu":
+        raise InvalidArgumentError(f"--pipeline-stages runs CPU stages; --{args.backend} is not available for them")
+    from ..distributed import PipelineEngine
+    return PipelineEngine(path, stages=args.pipeline_stages, address=args.ray_address, threads=args.threads,
+                          mtp_path=args.mtp)
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..engine import Engine
     from ..kvcache_cli import from_args
     from ..server import ServerConfig, serve
     from ..testing import default_model_path
@@ -90,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
         raise Ds4IOError(f"{path}: model file not found")
     if not 0 <= args.mtp_draft <= 16:
         raise InvalidArgumentError(f"--mtp-draft {args.mtp_draft}: expected 0..16")
-    engine = Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
+    if args.mtp_draft and args.pipeline_stages is not None:
+        raise InvalidArgumentError("--mtp-draft needs the local engine (speculative verification is not staged)")
+    engine = _open_engine(args, path)
     if args.mtp_draft and not engine.has_mtp:
         raise InvalidArgumentError(f"--mtp-draft: {path} embeds no MTP block; pass the MTP GGUF as --mtp FILE")
     kv = from_args(args)
