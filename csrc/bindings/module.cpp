@@ -9,6 +9,7 @@ void init_engine(py::module_& m);
 void init_session(py::module_& m);
 void init_sampling(py::module_& m);
 void init_stage(py::module_& m);
+void init_backend_ops(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "ds4 compiled core (internal; use the ds4 package API)";
@@ -18,4 +19,5 @@ PYBIND11_MODULE(_core, m) {
     init_session(m);
     init_sampling(m);
     init_stage(m);
+    init_backend_ops(m);
 }

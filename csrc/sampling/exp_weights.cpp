@@ -1,6 +1,6 @@
 #include "sampling/exp_weights.h"
 
-#include "quant/kernels.h"
+#include "quant/simd.h"
 #include "sampling/exp_weights.inc"
 
 namespace ds4 {

@@ -13,6 +13,11 @@ namespace ds4 {
 namespace {
 constexpr int64_t kKeepBatchScratch = 256;   // tokens of batch scratch kept between calls
 constexpr int64_t kMaxDraftSteps = 16;       // MTP draft chain length (upstream's cap)
+
+// t holds at least rows rows of width floats (grown only).
+void ensure_rows(backend::OwnedTensor& t, backend::Backend& be, int64_t width, int64_t rows) {
+    if (!t || t->rows() < rows) t = backend::OwnedTensor(be, backend::DType::F32, width, rows);
+}
 }  // namespace
 
 Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::move(model)) {
@@ -23,18 +28,22 @@ Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::
                                              std::to_string(model_->layer_end()) +
                                              ") of the model: chain it with the other stages (ds4.stages)");
     }
-    kv_.init(model_->shape(), ctx);
+    backend::Backend& be = model_->backend();
+    const Shape& s = model_->shape();
+    stream_ = be.new_stream();
+    kv_.init(be, *stream_, s, ctx);
     tokens_.reserve((size_t)ctx);   // the decode loop never reallocates the checkpoint
-    logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
-    last_hc_.assign((size_t)model_->shape().hc_dim(), 0.0f);
+    logits_ = backend::OwnedTensor(be, backend::DType::F32, s.n_vocab, 1);
+    last_hc_ = backend::OwnedTensor(be, backend::DType::F32, s.hc_dim(), 1);
     if (model_->weights().mtp.present) {
-        mtp_kv_.init(mtp_state_shape(model_->shape()), ctx);
-        mtp_logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
+        mtp_kv_.init(be, *stream_, mtp_state_shape(s), ctx);
+        mtp_logits_ = backend::OwnedTensor(be, backend::DType::F32, s.n_vocab, 1);
+        mtp_hc_ = backend::OwnedTensor(be, backend::DType::F32, s.hc_dim(), 1);
     }
 }
 
 void Session::reset_mtp() {
-    if (!mtp_kv_.layers.empty()) mtp_kv_.reset();
+    if (!mtp_kv_.layers.empty()) mtp_kv_.reset(*stream_);
     mtp_pos_ = -1;
     chain_steps_ = 0;
 }
@@ -46,9 +55,8 @@ void Session::mtp_step0() {
         fail(ErrorKind::InvalidArgument, "MTP needs a token evaluated in this session (the hidden state is not saved in payloads)");
     }
     if (mtp_pos_ != pos()) {
-        mtp_hc_.resize(last_hc_.size());
-        mtp_forward(*model_, mtp_kv_, mtp_scratch_, last_hc_.data(), tokens_.back(), pos() - 1, mtp_logits_.data(),
-                    mtp_hc_.data());
+        mtp_forward({*model_, *stream_, mtp_act_}, mtp_kv_, *last_hc_, tokens_.back(), pos() - 1, *mtp_logits_,
+                    *mtp_hc_);
         mtp_pos_ = pos();
     }
 }
@@ -56,18 +64,18 @@ void Session::mtp_step0() {
 const float* Session::mtp_logits() {
     discard_pending();
     mtp_step0();
-    return mtp_logits_.data();
+    return backend::host_floats(*stream_, *mtp_logits_, mtp_mirror_);
 }
 
 void Session::discard_pending() {
     if (pending_ == 0) return;
-    verify_log_.rollback(kv_, 0);
+    verify_log_.rollback(*stream_, kv_, 0);
     pending_ = 0;
 }
 
 void Session::discard_chain() {
     if (chain_steps_ == 0) return;
-    chain_log_.rollback(mtp_kv_, 0);
+    chain_log_.rollback(*stream_, mtp_kv_, 0);
     chain_steps_ = 0;
 }
 
@@ -85,10 +93,11 @@ void Session::verify(const int32_t* t, int64_t n) {
                                              " fit (raw window, one context slot stays free)");
     }
     const Shape& s = model_->shape();
-    verify_logits_.resize((size_t)(n * s.n_vocab));
-    verify_hc_.resize((size_t)(n * s.hc_dim()));
+    backend::Backend& be = model_->backend();
+    ensure_rows(verify_logits_, be, s.n_vocab, n);
+    ensure_rows(verify_hc_, be, s.hc_dim(), n);
     try {
-        forward_verify(*model_, kv_, scratch_, t, n, pos(), verify_logits_.data(), verify_hc_.data(), verify_log_);
+        forward_verify(context(), kv_, t, n, pos(), verify_logits_->rows(0, n), verify_hc_->rows(0, n), verify_log_);
     } catch (...) {
         stale_ = true;   // rows of a partial batch: rebuild from the checkpoint on next use
         has_logits_ = false;
@@ -98,12 +107,12 @@ void Session::verify(const int32_t* t, int64_t n) {
     pending_ = n;
 }
 
-const float* Session::verify_logits(int64_t i) const {
+const float* Session::verify_logits(int64_t i) {
     if (i < 0 || i >= pending_) {
         fail(ErrorKind::InvalidArgument, "verified row " + std::to_string(i) + " is outside [0, " +
                                              std::to_string(pending_) + ")");
     }
-    return verify_logits_.data() + i * model_->shape().n_vocab;
+    return backend::host_floats(*stream_, verify_logits_->row(i), verify_mirror_);
 }
 
 void Session::accept(int64_t c) {
@@ -111,22 +120,23 @@ void Session::accept(int64_t c) {
         fail(ErrorKind::InvalidArgument, "accept " + std::to_string(c) + " of " + std::to_string(pending_) +
                                              " verified tokens");
     }
-    verify_log_.rollback(kv_, c);
+    verify_log_.rollback(*stream_, kv_, c);
     pending_ = 0;
     if (c == 0) {
         discard_chain();
         return;
     }
-    const Shape& s = model_->shape();
     tokens_.insert(tokens_.end(), verify_tokens_.begin(), verify_tokens_.begin() + c);
-    std::copy_n(verify_logits_.begin() + (c - 1) * s.n_vocab, s.n_vocab, logits_.begin());
-    std::copy_n(verify_hc_.begin() + (c - 1) * s.hc_dim(), s.hc_dim(), last_hc_.begin());
+    stream_->begin();
+    stream_->copy({verify_logits_->row(c - 1), *logits_});
+    stream_->copy({verify_hc_->row(c - 1), *last_hc_});
+    stream_->end();
     has_logits_ = true;
     hidden_valid_ = true;
     // The chain's steps fed tokens pos0.., so the first c-1 of them saw committed tokens; the
     // next step 0 (from the last committed token's own hidden state) writes position pos()-1.
     if (chain_steps_ > 0) {
-        chain_log_.rollback(mtp_kv_, std::min(chain_steps_, c - 1));
+        chain_log_.rollback(*stream_, mtp_kv_, std::min(chain_steps_, c - 1));
         chain_steps_ = 0;
     }
     mtp_pos_ = -1;
@@ -158,20 +168,23 @@ const float* Session::mtp_draft_step(int32_t token) {
     discard_pending();
     if (chain_steps_ == 0) {
         mtp_step0();
-        chain_log_.capture(mtp_kv_, pos(), std::min(kMaxDraftSteps, mtp_kv_.raw_cap));
-        chain_hc_ = mtp_hc_;
-        chain_hc_next_.resize(chain_hc_.size());
-        chain_logits_.resize(mtp_logits_.size());
+        backend::Backend& be = model_->backend();
+        const Shape& s = model_->shape();
+        chain_log_.capture(be, *stream_, mtp_kv_, pos(), std::min(kMaxDraftSteps, mtp_kv_.raw_cap));
+        ensure_rows(chain_hc_, be, s.hc_dim(), 1);
+        ensure_rows(chain_hc_next_, be, s.hc_dim(), 1);
+        ensure_rows(chain_logits_, be, s.n_vocab, 1);
+        stream_->copy({*mtp_hc_, *chain_hc_});
     }
     if (chain_steps_ >= chain_log_.size()) {
         fail(ErrorKind::InvalidArgument, "the MTP draft chain holds at most " + std::to_string(chain_log_.size()) +
                                              " steps per commit");
     }
-    mtp_forward(*model_, mtp_kv_, mtp_scratch_, chain_hc_.data(), token, pos() + chain_steps_, chain_logits_.data(),
-                chain_hc_next_.data());
-    chain_hc_.swap(chain_hc_next_);
+    mtp_forward({*model_, *stream_, mtp_act_}, mtp_kv_, *chain_hc_, token, pos() + chain_steps_, *chain_logits_,
+                *chain_hc_next_);
+    std::swap(chain_hc_, chain_hc_next_);
     ++chain_steps_;
-    return chain_logits_.data();
+    return backend::host_floats(*stream_, *chain_logits_, chain_mirror_);
 }
 
 std::vector<int32_t> Session::mtp_drafts(int32_t first, int64_t n, int32_t stop_token) {
@@ -188,6 +201,8 @@ std::vector<int32_t> Session::mtp_drafts(int32_t first, int64_t n, int32_t stop_
     return out;
 }
 
+const float* Session::last_hidden() { return backend::host_floats(*stream_, *last_hc_, hc_mirror_); }
+
 void Session::check_tokens(const int32_t* t, int64_t n) const {
     const int64_t V = model_->shape().n_vocab;
     for (int64_t i = 0; i < n; ++i) {
@@ -201,7 +216,7 @@ void Session::check_tokens(const int32_t* t, int64_t n) const {
 void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild, bool reset_frontier) {
     if (rebuild) {
         reset_mtp();
-        kv_.reset();
+        kv_.reset(*stream_);
         tokens_.clear();
         has_logits_ = false;
         stale_ = false;
@@ -212,7 +227,7 @@ void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool 
         const int64_t m = std::min(chunk, n - done);
         const int64_t pos0 = pos();
         try {
-            forward_batch(*model_, kv_, scratch_, t + done, m, pos0, logits_.data(), last_hc_.data());
+            forward_batch(context(), kv_, t + done, m, pos0, *logits_, *last_hc_);
         } catch (...) {
             // A failure inside a chunk leaves rows of a partial chunk behind: rebuild from the
             // consistent checkpoint on next use.
@@ -229,18 +244,22 @@ void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool 
         // but it makes sync's state independent of how the prompt was split (rebuild, extend,
         // cancelled and resumed): a checkpoint taken from the progress callback equals a fresh
         // prefill of the same tokens byte for byte. Token-by-token eval leaves them, as upstream.
-        if (reset_frontier) kv_.finish_prefill(pos());
+        if (reset_frontier) kv_.finish_prefill(*stream_, pos());
         if (cb) cb(done, n);
     }
-    // A long prefill's batch buffers (GBs on Flash) are not kept for the decode that follows.
-    if (scratch_.tokens > kKeepBatchScratch) scratch_ = Scratch();
+    // A long prefill's batch buffers (GBs on Flash) are not kept for the decode that follows:
+    // neither the activations nor the stream's private work memory.
+    if (act_.rows > kKeepBatchScratch) {
+        act_ = Activations();
+        stream_ = model_->backend().new_stream();
+    }
 }
 
 void Session::materialize() {
     if (!stale_) return;
     std::vector<int32_t> toks;
     toks.swap(tokens_);
-    kv_.reset();
+    kv_.reset(*stream_);
     stale_ = false;
     has_logits_ = false;
     if (!toks.empty()) extend(toks.data(), (int64_t)toks.size(), nullptr, true, true);
@@ -249,16 +268,15 @@ void Session::materialize() {
 const float* Session::logits() {
     discard_pending();
     materialize();
-    return logits_.data();
+    return backend::host_floats(*stream_, *logits_, logits_mirror_);
 }
 
 int32_t Session::argmax() {
     discard_pending();
     materialize();
     if (!has_logits_) fail(ErrorKind::InvalidArgument, "the session has no logits yet: evaluate a token first");
-    const float* l = logits_.data();
     int32_t best = 0;
-    for (int32_t i = 1; i < model_->shape().n_vocab; ++i) if (l[i] > l[best]) best = i;
+    stream_->argmax({*logits_, &best});
     return best;
 }
 
@@ -318,9 +336,9 @@ void Session::rewind(int64_t p) {
 void Session::reset() {
     pending_ = 0;   // the whole state is cleared: nothing to roll back
     reset_mtp();
-    kv_.reset();
+    kv_.reset(*stream_);
     tokens_.clear();
-    std::fill(logits_.begin(), logits_.end(), 0.0f);
+    stream_->fill({*logits_, 0.0f});
     has_logits_ = false;
     stale_ = false;
 }
@@ -329,7 +347,7 @@ std::vector<uint8_t> Session::save_payload() {
     discard_pending();
     materialize();
     std::vector<uint8_t> out;
-    write_payload(kv_, tokens_, logits_.data(), out);
+    write_payload(*stream_, kv_, tokens_, *logits_, out);
     return out;
 }
 
@@ -342,16 +360,16 @@ int64_t Session::payload_size() {
 void Session::load_payload(const uint8_t* data, size_t size) {
     // Parse into a copy so a rejected payload leaves the session untouched.
     KvState fresh;
-    fresh.init(model_->shape(), ctx());
+    fresh.init(model_->backend(), *stream_, model_->shape(), ctx());
     std::vector<int32_t> toks;
     std::vector<float> logits;
-    read_payload(data, size, fresh, toks, logits);
+    read_payload(*stream_, data, size, fresh, toks, logits);
     pending_ = 0;   // the state is replaced wholesale
     kv_ = std::move(fresh);
     reset_mtp();
     hidden_valid_ = false;
     tokens_ = std::move(toks);
-    std::copy(logits.begin(), logits.end(), logits_.begin());
+    stream_->upload(*logits_, logits.data(), (uint64_t)logits_->nbytes());
     has_logits_ = !tokens_.empty();
     stale_ = false;
 }

@@ -6,8 +6,10 @@
 #include <memory>
 #include <vector>
 
+#include "engine/forward.h"
 #include "engine/model.h"
-#include "engine/scratch.h"
+#include "backend/backend.h"
+#include "engine/activations.h"
 #include "state/kv_rollback.h"
 #include "state/kv_state.h"
 
@@ -55,7 +57,7 @@ public:
     const float* mtp_logits();
 
     // Final HC state of the last evaluated token (hc_dim floats; MTP input).
-    const float* last_hidden() const { return last_hc_.data(); }
+    const float* last_hidden();
 
     // ---- speculative decoding (docs/speculative.md) ---------------------------------------------
     // Evaluates tokens[0..n) at pos() in one batched pass and keeps every position's logits; the
@@ -64,7 +66,7 @@ public:
     void verify(const int32_t* t, int64_t n);
     int64_t max_verify() const;                   // min(raw window, room left before ctx-1)
     int64_t verified() const { return pending_; }  // tokens of the pending verification
-    const float* verify_logits(int64_t i) const;  // logits after t[0..i] (n_vocab floats)
+    const float* verify_logits(int64_t i);        // logits after t[0..i] (n_vocab floats)
     // Commits the first c verified tokens (0 <= c <= n): the state, logits and hidden state are
     // exactly those eval() of the same tokens leaves; the rest is rolled back, and so are the MTP
     // draft rows past the accepted ones.
@@ -91,25 +93,31 @@ private:
     void discard_chain();    // drops the draft chain's rows from the MTP window
     void mtp_step0();        // the MTP step from the last committed token (cached per position)
 
+    ForwardContext context() { return {*model_, *stream_, act_}; }
+
     std::shared_ptr<const Model> model_;
+    std::unique_ptr<backend::Stream> stream_;
     KvState kv_;
-    Scratch scratch_;
+    Activations act_;
     std::vector<int32_t> tokens_;
-    std::vector<float> logits_;
-    std::vector<float> last_hc_;
+    backend::OwnedTensor logits_;   // n_vocab
+    backend::OwnedTensor last_hc_;  // hc_dim
     KvState mtp_kv_;
-    Scratch mtp_scratch_;
-    std::vector<float> mtp_logits_;
+    Activations mtp_act_;
+    backend::OwnedTensor mtp_logits_;
+    std::vector<float> logits_mirror_, hc_mirror_, mtp_mirror_;   // device-only backends
     int64_t mtp_pos_ = -1;          // position whose draft mtp_logits_ holds
-    std::vector<float> mtp_hc_;     // HC output of that step (the draft chain's first input)
-    // Pending verification: its rollback record, per-position logits and HC states.
+    backend::OwnedTensor mtp_hc_;   // HC output of that step (the draft chain's first input)
+    // Pending verification: its rollback record, per-position logits and HC states (raw_cap rows).
     KvRollback verify_log_;
-    std::vector<float> verify_logits_, verify_hc_;
+    backend::OwnedTensor verify_logits_, verify_hc_;
+    std::vector<float> verify_mirror_;
     std::vector<int32_t> verify_tokens_;
     int64_t pending_ = 0;
     // Draft chain since the last commit: rows it added to the MTP window, and the HC to continue from.
     KvRollback chain_log_;
-    std::vector<float> chain_hc_, chain_hc_next_, chain_logits_;
+    backend::OwnedTensor chain_hc_, chain_hc_next_, chain_logits_;
+    std::vector<float> chain_mirror_;
     int64_t chain_steps_ = 0;
     bool hidden_valid_ = false;     // last_hc_ belongs to the last token (not after a payload load)
     bool has_logits_ = false;

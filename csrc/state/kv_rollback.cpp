@@ -1,14 +1,17 @@
 #include "state/kv_rollback.h"
 
 #include <algorithm>
-#include <cstring>
+#include <string>
 
 #include "common/errors.h"
-#include "layers/compressor.h"
 
 namespace ds4 {
 
 namespace {
+
+using backend::DType;
+using backend::OwnedTensor;
+using backend::Tensor;
 
 // Windows a ratio-r compressor closes among positions pos0 .. pos0+c-1.
 int64_t closes(int ratio, int64_t pos0, int64_t c) {
@@ -16,26 +19,20 @@ int64_t closes(int ratio, int64_t pos0, int64_t c) {
     return (pos0 + c) / ratio - pos0 / ratio;
 }
 
-void save_lane(int ratio, int64_t width, const std::vector<float>& skv,
-               const std::vector<float>& ssc, int64_t pos0, int64_t n, std::vector<float>& kv_out,
-               std::vector<float>& sc_out) {
-    if (ratio == 4) {
-        kv_out = skv;
-        sc_out = ssc;
-        return;
-    }
-    kv_out.resize((size_t)(n * width));
-    sc_out.resize((size_t)(n * width));
-    for (int64_t b = 0; b < n; ++b) {
-        const int64_t row = frontier_row(ratio, pos0 + b);
-        std::memcpy(&kv_out[b * width], &skv[row * width], (size_t)width * sizeof(float));
-        std::memcpy(&sc_out[b * width], &ssc[row * width], (size_t)width * sizeof(float));
-    }
+// t holds at least rows x width floats (grown, never shrunk: the decode loop stops allocating).
+void ensure(OwnedTensor& t, backend::Backend& be, int64_t width, int64_t rows) {
+    if (!t || t->width() != width || t->rows() < rows) t = OwnedTensor(be, DType::F32, width, rows);
+}
+
+// Lane state tensors of a layer: 0 attention, 1 indexer.
+const OwnedTensor& state_kv(const LayerKv& L, int lane) { return lane == 0 ? L.attn_state_kv : L.index_state_kv; }
+const OwnedTensor& state_score(const LayerKv& L, int lane) {
+    return lane == 0 ? L.attn_state_score : L.index_state_score;
 }
 
 }  // namespace
 
-void KvRollback::capture(const KvState& kv, int64_t pos0, int64_t n) {
+void KvRollback::capture(backend::Backend& be, backend::Stream& st, const KvState& kv, int64_t pos0, int64_t n) {
     if (n < 1 || n > kv.raw_cap) {
         fail(ErrorKind::InvalidArgument, "a speculative batch holds 1.." + std::to_string(kv.raw_cap) +
                                              " tokens (the raw window), got " + std::to_string(n));
@@ -51,68 +48,83 @@ void KvRollback::capture(const KvState& kv, int64_t pos0, int64_t n) {
         S.raw_next = L.raw_next;
         S.n_comp = L.n_comp;
         S.n_index_comp = L.n_index_comp;
-        S.raw.resize((size_t)(n * D));
-        for (int64_t b = 0; b < n; ++b) {
-            const int64_t slot = (L.raw_next + b) % kv.raw_cap;
-            std::memcpy(&S.raw[b * D], &L.raw[slot * D], (size_t)D * sizeof(float));
-        }
-        const int64_t widths[2] = {Shape::coff(L.ratio) * D, Shape::coff(L.ratio) * kv.shape.indexer_head_dim};
+        ensure(S.raw, be, D, n);
+        for (int64_t b = 0; b < n; ++b) st.copy({L.raw->row((L.raw_next + b) % kv.raw_cap), S.raw->row(b)});
         for (int lane = 0; lane < 2; ++lane) {
             Lane& ln = S.lanes[lane];
             const bool present = L.ratio != 0 && (lane == 0 || L.ratio == 4);
             ln.ratio = present ? L.ratio : 0;
-            ln.width = widths[lane];
             if (!present) continue;
-            const auto& skv = lane == 0 ? L.attn_state_kv : L.index_state_kv;
-            const auto& ssc = lane == 0 ? L.attn_state_score : L.index_state_score;
-            save_lane(L.ratio, ln.width, skv, ssc, pos0, n, ln.kv, ln.score);
-            ln.log_kv.resize((size_t)(n * ln.width));
-            ln.log_score.resize((size_t)(n * ln.width));
+            ln.head_dim = lane == 0 ? D : kv.shape.indexer_head_dim;
+            const Tensor skv = *state_kv(L, lane), ssc = *state_score(L, lane);
+            const int64_t w = skv.width();
+            ensure(ln.log_kv, be, w, n);
+            ensure(ln.log_score, be, w, n);
+            if (L.ratio == 4) {
+                ensure(ln.kv, be, w, skv.rows());
+                ensure(ln.score, be, w, skv.rows());
+                st.copy({skv, ln.kv->rows(0, skv.rows())});
+                st.copy({ssc, ln.score->rows(0, ssc.rows())});
+                continue;
+            }
+            ensure(ln.kv, be, w, n);
+            ensure(ln.score, be, w, n);
+            for (int64_t b = 0; b < n; ++b) {
+                const int64_t row = Shape::frontier_row(L.ratio, pos0 + b);
+                st.copy({skv.row(row), ln.kv->row(b)});
+                st.copy({ssc.row(row), ln.score->row(b)});
+            }
         }
     }
 }
 
-void KvRollback::record(int il, int lane, int64_t b, const float* kv_row, const float* score_row, int64_t width) {
-    Lane& ln = layers_[il].lanes[lane];
-    std::memcpy(&ln.log_kv[b * width], kv_row, (size_t)width * sizeof(float));
-    std::memcpy(&ln.log_score[b * width], score_row, (size_t)width * sizeof(float));
+void KvRollback::record(backend::Stream& st, const KvState& kv, int il, int lane, int64_t b) const {
+    const LayerKv& L = kv.layer(il);
+    const Lane& ln = layers_[(size_t)(il - kv.first_layer)].lanes[lane];
+    const int64_t row = Shape::frontier_row(L.ratio, pos0_ + b);
+    st.copy({state_kv(L, lane)->row(row), ln.log_kv->row(b)});
+    st.copy({state_score(L, lane)->row(row), ln.log_score->row(b)});
 }
 
-void KvRollback::restore_lane(const Lane& ln, std::vector<float>& skv, std::vector<float>& ssc, int64_t c) const {
-    const int64_t w = ln.width;
+void KvRollback::restore_lane(backend::Stream& st, const Lane& ln, const Tensor& skv, const Tensor& ssc,
+                              int64_t c) const {
     if (ln.ratio == 4) {
-        skv = ln.kv;
-        ssc = ln.score;
+        st.copy({ln.kv->rows(0, skv.rows()), skv});
+        st.copy({ln.score->rows(0, ssc.rows()), ssc});
     } else {
         for (int64_t b = 0; b < n_; ++b) {
-            const int64_t row = frontier_row(ln.ratio, pos0_ + b);
-            std::memcpy(&skv[row * w], &ln.kv[b * w], (size_t)w * sizeof(float));
-            std::memcpy(&ssc[row * w], &ln.score[b * w], (size_t)w * sizeof(float));
+            const int64_t row = Shape::frontier_row(ln.ratio, pos0_ + b);
+            st.copy({ln.kv->row(b), skv.row(row)});
+            st.copy({ln.score->row(b), ssc.row(row)});
         }
     }
+    // Replays the kept tokens' stores (and the window shifts they caused) in order.
     for (int64_t b = 0; b < c; ++b) {
-        frontier_store(ln.ratio, w, skv.data(), ssc.data(), &ln.log_kv[b * w], &ln.log_score[b * w], pos0_ + b);
+        const int64_t pos = pos0_ + b;
+        const int64_t row = Shape::frontier_row(ln.ratio, pos);
+        st.copy({ln.log_kv->row(b), skv.row(row)});
+        st.copy({ln.log_score->row(b), ssc.row(row)});
+        if (ln.ratio == 4 && (pos + 1) % 4 == 0) st.compressor_shift({skv, ssc, ln.head_dim});
     }
 }
 
-void KvRollback::rollback(KvState& kv, int64_t c) const {
+void KvRollback::rollback(backend::Stream& st, KvState& kv, int64_t c) const {
     if (c < 0 || c > n_) fail(ErrorKind::InvalidArgument, "rollback keeps 0.." + std::to_string(n_) + " tokens");
     if (c == n_) return;
-    const int64_t D = kv.shape.head_dim;
+    st.begin();
     for (size_t il = 0; il < kv.layers.size(); ++il) {
         LayerKv& L = kv.layers[il];
         const Layer& S = layers_[il];
-        for (int64_t b = c; b < n_; ++b) {
-            const int64_t slot = (S.raw_next + b) % kv.raw_cap;
-            std::memcpy(&L.raw[slot * D], &S.raw[b * D], (size_t)D * sizeof(float));
-        }
+        for (int64_t b = c; b < n_; ++b) st.copy({S.raw->row(b), L.raw->row((S.raw_next + b) % kv.raw_cap)});
         L.raw_next = (S.raw_next + c) % kv.raw_cap;
         L.n_raw = std::min(kv.raw_cap, S.n_raw + c);
         L.n_comp = S.n_comp + closes(L.ratio, pos0_, c);
         if (L.ratio == 4) L.n_index_comp = S.n_index_comp + closes(L.ratio, pos0_, c);
-        if (S.lanes[0].ratio != 0) restore_lane(S.lanes[0], L.attn_state_kv, L.attn_state_score, c);
-        if (S.lanes[1].ratio != 0) restore_lane(S.lanes[1], L.index_state_kv, L.index_state_score, c);
+        for (int lane = 0; lane < 2; ++lane) {
+            if (S.lanes[lane].ratio != 0) restore_lane(st, S.lanes[lane], *state_kv(L, lane), *state_score(L, lane), c);
+        }
     }
+    st.end();
 }
 
 }  // namespace ds4
