@@ -38,9 +38,6 @@ def register(subparsers: Any) -> None:
                                           "messages). One generation at a time; requests are queued.")
     p.add_argument("-m", "--model", default=None, help="GGUF model (default: the bundled tiny synthetic model)")
     p.add_argument("--mtp", default=None, metavar="FILE", help="MTP GGUF (separate file)")
-    p.add_argument("--mtp-draft", type=int, default=0, metavar="N",
-                   help="speculative decoding: MTP drafts per step, verified in one batched pass "
-                        "(default 0 = off; 1..16; needs MTP weights: --mtp FILE or embedded)")
     p.add_argument("-c", "--ctx", type=_positive("--ctx"), default=32768, metavar="N",
                    help="session context (default 32768)")
     p.add_argument("-n", "--tokens", type=_positive("--tokens"), default=393216, metavar="N",
@@ -81,8 +78,7 @@ def _open_engine(args: argparse.Namespace, path: str | os.PathLike[str]):
             raise InvalidArgumentError("--ray-address needs --pipeline-stages N")
         from ..engine import Engine
         return Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
-    # Stages run on the CPU: the default "auto" means that here, any other named backend is refused.
-    if args.backend not in ("auto", "cpu"):
+    if args.backend not in ("cpu", "auto"):
         raise InvalidArgumentError(f"--pipeline-stages runs CPU stages; --{args.backend} is not available for them")
     from ..distributed import PipelineEngine
     return PipelineEngine(path, stages=args.pipeline_stages, address=args.ray_address, threads=args.threads,
@@ -106,13 +102,7 @@ def run(args: argparse.Namespace) -> int:
     path = args.model if args.model is not None else default_model_path()
     if not os.path.exists(path):
         raise Ds4IOError(f"{path}: model file not found")
-    if not 0 <= args.mtp_draft <= 16:
-        raise InvalidArgumentError(f"--mtp-draft {args.mtp_draft}: expected 0..16")
-    if args.mtp_draft and args.pipeline_stages is not None:
-        raise InvalidArgumentError("--mtp-draft needs the local engine (speculative verification is not staged)")
     engine = _open_engine(args, path)
-    if args.mtp_draft and not engine.has_mtp:
-        raise InvalidArgumentError(f"--mtp-draft: {path} embeds no MTP block; pass the MTP GGUF as --mtp FILE")
     kv = from_args(args)
     trace = None
     if args.trace:
@@ -123,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ServerConfig(host=args.host, port=args.port, ctx=args.ctx, default_tokens=args.tokens, cors=args.cors,
                        tool_memory_max_ids=args.tool_memory_max_ids,
                        exact_dsml_replay=not args.disable_exact_dsml_tool_replay, trace=trace,
-                       api_key=args.api_key or None, mtp_draft=args.mtp_draft)
+                       api_key=args.api_key or None)
     try:
         return serve(engine, cfg, kv)
     except OSError as e:
