@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -151,6 +152,62 @@ void init_session(py::module_& m) {
                  t.clear();
                  return py::make_tuple(pos, rows);
              })
+        .def("max_verify", [](PySession& p) { return p.s->max_verify(); })
+        .def("verify",
+             [](PySession& p, const py::object& tokens) {
+                 std::vector<int32_t> toks = to_tokens(tokens);
+                 const int64_t V = p.s->model().shape().n_vocab;
+                 py::array_t<float> out({(int64_t)toks.size(), V});
+                 float* o = out.mutable_data();
+                 {
+                     py::gil_scoped_release nogil;
+                     p.s->verify(toks.data(), (int64_t)toks.size());
+                     for (size_t i = 0; i < toks.size(); ++i) std::copy_n(p.s->verify_logits((int64_t)i), V, o + i * V);
+                 }
+                 return out;
+             },
+             py::arg("tokens"))
+        .def("accept",
+             [](PySession& p, int64_t c) {
+                 py::gil_scoped_release nogil;
+                 p.s->accept(c);
+             },
+             py::arg("count"))
+        .def("speculate_greedy",
+             [](PySession& p, long long first, const py::object& drafts) {
+                 if (first < INT32_MIN || first > INT32_MAX) {
+                     ds4::fail(ds4::ErrorKind::InvalidArgument, "token id " + std::to_string(first) + " is out of range");
+                 }
+                 std::vector<int32_t> d = to_tokens(drafts);
+                 py::gil_scoped_release nogil;
+                 return p.s->speculate_greedy((int32_t)first, d.data(), (int64_t)d.size());
+             },
+             py::arg("first"), py::arg("drafts"))
+        .def("mtp_drafts",
+             [](PySession& p, long long first, int64_t n, long long stop) {
+                 if (first < INT32_MIN || first > INT32_MAX) {
+                     ds4::fail(ds4::ErrorKind::InvalidArgument, "token id " + std::to_string(first) + " is out of range");
+                 }
+                 const int32_t st = (stop < INT32_MIN || stop > INT32_MAX) ? -1 : (int32_t)stop;
+                 py::gil_scoped_release nogil;
+                 return p.s->mtp_drafts((int32_t)first, n, st);
+             },
+             py::arg("first"), py::arg("n"), py::arg("stop") = -1)
+        .def("mtp_draft_step",
+             [](PySession& p, long long token) {
+                 if (token < INT32_MIN || token > INT32_MAX) {
+                     ds4::fail(ds4::ErrorKind::InvalidArgument, "token id " + std::to_string(token) + " is out of range");
+                 }
+                 const int64_t V = p.s->model().shape().n_vocab;
+                 py::array_t<float> out(V);
+                 float* o = out.mutable_data();
+                 {
+                     py::gil_scoped_release nogil;
+                     std::copy_n(p.s->mtp_draft_step((int32_t)token), V, o);
+                 }
+                 return out;
+             },
+             py::arg("token"))
         .def("last_hidden", [](PySession& p) {
             const int64_t n = p.s->model().shape().hc_dim();
             return py::array_t<float>({n}, {(int64_t)sizeof(float)}, p.s->last_hidden());

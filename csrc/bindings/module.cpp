@@ -8,6 +8,7 @@ void init_quant(py::module_& m);
 void init_engine(py::module_& m);
 void init_session(py::module_& m);
 void init_hooks(py::module_& m);
+void init_sampling(py::module_& m);
 void init_stage(py::module_& m);
 void init_backend_ops(py::module_& m);
 
@@ -18,6 +19,7 @@ PYBIND11_MODULE(_core, m) {
     init_engine(m);
     init_hooks(m);
     init_session(m);
+    init_sampling(m);
     init_stage(m);
     init_backend_ops(m);
 }

@@ -29,6 +29,17 @@ void forward_batch(const ForwardContext& fc, KvState& kv, const int32_t* tokens,
                    const backend::Tensor& logits, const backend::Tensor& final_hc = {},
                    const LayerHooks* hooks = nullptr);
 
+class KvRollback;
+
+// The verification pass of speculative decoding: forward_batch over tokens[0..n) that also writes
+// every position's logits (n rows of n_vocab into all_logits) and final HC state (n rows of hc_dim
+// into all_hc), and fills `log` so the session can keep any prefix of the batch (KvRollback).
+// Whole model only (not a pipeline stage). hooks: as forward_batch (steering applies to the
+// verified tokens exactly as to decoded ones).
+void forward_verify(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
+                    const backend::Tensor& all_logits, const backend::Tensor& all_hc, KvRollback& log,
+                    const LayerHooks* hooks = nullptr);
+
 // One pipeline stage (the model's layer range) over the same batch. The first stage embeds
 // `tokens`; a later one starts from hc_in, the previous stage's output (n x hc_dim host floats,
 // uploaded). Every stage needs the token ids too: hash-routed layers pick experts by token. A

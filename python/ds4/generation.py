@@ -67,16 +67,18 @@ from .chat import (
     think_mode_for_context,
 )
 from .decoding import StopMatcher, TokenPicker, ToolBlockWatch
-from .errors import ContextOverflowError, InvalidArgumentError
+from .errors import ContextOverflowError, InvalidArgumentError, UnsupportedModelError
 from .sampling import (
     DEFAULT_MIN_P,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
     Rng,
+    SamplingParams,
     TokenLogprob,
     time_seed,
 )
+from .speculative import Speculator
 
 __all__ = [
     "DEFAULT_CTX",
@@ -102,6 +104,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    drafted_tokens: int = 0    # speculative decoding: tokens drafted, and how many were accepted
+    accepted_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -289,6 +293,7 @@ def generate(
     dsml: bool | None = None,
     stream: bool = True,
     kv_cache=None,
+    speculative: int = 0,
 ) -> Iterator[GenerationEvent] | FinishEvent:
     """Generate from ``engine``. Returns an iterator of events (``stream=True``) or the FinishEvent.
 
@@ -301,7 +306,16 @@ def generate(
     store checkpoints in (see the module docstring); ``usage.cached_tokens`` and
     ``FinishEvent.cache_source`` say what was reused. The cache lookup (and a disk load) happens
     when ``generate`` is called, like the prompt checks.
+    ``speculative=N``: draft up to N tokens per step with the MTP block and verify them in one
+    batched pass (docs/speculative.md); greedy output is unchanged token for token, sampled output
+    keeps its distribution. ``usage.drafted_tokens`` / ``accepted_tokens`` count the drafts. It
+    steps aside (plain decoding) while logprobs, tool-call rules or continued KV checkpoints are on.
     """
+    if speculative and int(speculative) < 0:
+        raise InvalidArgumentError(f"speculative must be >= 0, got {speculative}")
+    if speculative and not engine.has_mtp:
+        raise UnsupportedModelError("speculative decoding drafts with the MTP block: this engine has none "
+                                    "(load it with mtp_path=... or use a GGUF that embeds it)")
     if max_tokens is not None and max_tokens < 0:
         raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
     if session is None:
@@ -329,7 +343,8 @@ def generate(
         )
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     it = _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops,
-              seed, logprobs, progress, bool(tools) if dsml is None else dsml, kv_cache, plan, prepare_seconds)
+              seed, logprobs, progress, bool(tools) if dsml is None else dsml, kv_cache, plan, prepare_seconds,
+              int(speculative or 0))
     if stream:
         return it
     final = None
@@ -340,7 +355,8 @@ def generate(
 
 
 def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
-         logprobs, progress, dsml, kv_cache=None, plan=None, prepare_seconds=0.0) -> Iterator[GenerationEvent]:
+         logprobs, progress, dsml, kv_cache=None, plan=None, prepare_seconds=0.0,
+         speculative=0) -> Iterator[GenerationEvent]:
     # Per-token work here is O(1) in the length of the generation: ``raw`` grows in place (a plain
     # local that nothing else references), stop strings and tool blocks are matched on the new
     # text only, the position is counted locally and the logits array is never copied.
@@ -381,6 +397,16 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     ctx = session.ctx
     pos = session.pos
     continued = kv_cache.continued_target if kv_cache is not None else None
+    # Speculative decoding: a cycle commits the chosen token plus accepted drafts; those drafts
+    # are emitted by the next iterations without another eval (``queued``), and a resampled
+    # rejection becomes the next token (``resampled``). Off where per-token logits or checkpoints
+    # are needed (logprobs, tool-call rules, continued checkpoints).
+    spec = None
+    if speculative > 0 and logprobs is None and tracker is None and continued is None and not picker.adjusts:
+        spec = Speculator(speculative)
+        params = SamplingParams(temperature, top_k, top_p, min_p)
+    queued: list[int] = []
+    resampled: int | None = None
 
     while True:
         if len(out_tokens) >= budget:
@@ -390,7 +416,13 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
         # (partial DSML must not become a saved frontier).
         if continued is not None and continued(pos) and (tracker is None or tracker.mode == "search"):
             kv_cache.maybe_store_continued(session, engine)
-        token = picker.pick(session.logits)
+        if queued:
+            token = queued.pop(0)   # already evaluated by the last speculative cycle
+        elif resampled is not None:
+            token, resampled = resampled, None
+        else:
+            token = picker.pick(session.logits)
+        committed = spec is not None and session.pos > pos   # evaluated ahead by a cycle
         if token == eos:
             finish = "eos"
             break
@@ -429,11 +461,17 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
         if pos >= ctx:
             finish = "context"
             break
-        try:
-            session.eval(token)
-        except ContextOverflowError:
-            finish = "context"
-            break
+        if not committed:
+            try:
+                if spec is None:
+                    session.eval(token)
+                else:
+                    spec.n = min(speculative, budget - len(out_tokens) - 1)
+                    cyc = spec.cycle(session, token, params, picker.rng, stop=eos)
+                    queued, resampled = list(cyc.committed[1:]), cyc.next_token
+            except ContextOverflowError:
+                finish = "context"
+                break
         pos += 1
 
     if finish != "stop":
@@ -453,7 +491,8 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
         reasoning="".join(texts["reasoning"]),
         content="".join(texts["content"]),
         tokens=tuple(out_tokens),
-        usage=Usage(len(prompt_tokens), len(out_tokens), cached),
+        usage=Usage(len(prompt_tokens), len(out_tokens), cached, spec.drafted if spec else 0,
+                    spec.accepted if spec else 0),
         prompt_seconds=t1 - t0,
         decode_seconds=time.perf_counter() - t1,
         stop=matched,

@@ -281,5 +281,44 @@ class Session:
         """The MTP block's greedy draft for the token after the next one."""
         return int(np.argmax(self.mtp_logits()))
 
+    # ---- speculative decoding (docs/speculative.md) ---------------------------------------------
+    @property
+    def max_verify(self) -> int:
+        """Most tokens one :meth:`verify` takes here (the raw window, and one context slot stays free)."""
+        return int(self._s.max_verify())
+
+    def verify(self, tokens: Iterable[int]) -> np.ndarray:
+        """Evaluate ``tokens`` at :attr:`pos` in one batched pass without committing them.
+
+        Returns the logits after each prefix (float32 array (len, vocab); row i follows
+        ``tokens[:i + 1]``). Follow with :meth:`accept`; any other call discards the pass first.
+        """
+        return self._s.verify(list(tokens))
+
+    def accept(self, count: int) -> None:
+        """Commit the first ``count`` verified tokens; the state, logits and hidden state are then
+        exactly what :meth:`eval` of those tokens leaves (byte-identical payload)."""
+        self._s.accept(int(count))
+
+    def speculate(self, first: int, drafts: Iterable[int]) -> int:
+        """Greedy speculation: commit ``first`` plus the longest prefix of ``drafts`` that greedy
+        decode would produce, verified in one batched pass. Returns how many tokens were committed
+        (>= 1); the logits then give the next greedy token."""
+        return int(self._s.speculate_greedy(int(first), list(drafts)))
+
+    def mtp_drafts(self, first: int, n: int, stop: int | None = None) -> list[int]:
+        """Up to ``n`` greedy MTP drafts for the tokens after ``first`` (the token about to be
+        committed), stopping after ``stop`` if drafted (needs MTP weights)."""
+        if not self.engine.has_mtp:
+            raise UnsupportedModelError("this engine has no MTP block loaded (pass mtp_path=...)")
+        return list(self._s.mtp_drafts(int(first), int(n), -1 if stop is None else int(stop)))
+
+    def mtp_draft_step(self, token: int) -> np.ndarray:
+        """One step of the MTP draft chain (float32 logits copy): the first call after a commit
+        feeds the token about to be committed, later calls the previous draft."""
+        if not self.engine.has_mtp:
+            raise UnsupportedModelError("this engine has no MTP block loaded (pass mtp_path=...)")
+        return self._s.mtp_draft_step(int(token))
+
     def __repr__(self) -> str:
         return f"Session(pos={self.pos}, ctx={self.ctx})"
