@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/errors.h"
+#include "engine/cancel.h"
 #include "layers/attention.h"
 #include "layers/compressor.h"
 #include "layers/fp_quant.h"
@@ -18,6 +19,9 @@
 namespace ds4 {
 
 namespace {
+
+// Attention runs token by token: a cancellation point every this many tokens (engine/cancel.h).
+constexpr int64_t kCancelTokenGroup = 64;
 
 // Grouped low-rank output A: group g of each token's heads goes through rows g*rank.. of Wa.
 void grouped_output_a(const Shape& s, const TensorRef& wa, const float* heads, int64_t nb, float* low, float* grp,
@@ -82,6 +86,7 @@ void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scr
     const CompressorLane attn_lane{D, ratio, true, s.n_rot, s.rms_eps, &rope};
     const CompressorLane index_lane{I, ratio, false, s.n_rot, s.rms_eps, &rope};
     for (int64_t b = 0; b < nb; ++b) {
+        if (b % kCancelTokenGroup == kCancelTokenGroup - 1) poll_cancel();
         const int64_t pos = pos0 + b;
         float* q = &sc.q[b * QD];
         float* kvrow = &sc.kv[b * D];
@@ -145,6 +150,7 @@ void ffn_layer(const Model& model, const FfnWeights& w, Scratch& sc, const int32
                         sc.probs.data());
         }
         routed_experts_batch(s, w, &sc.a[b0 * E], m, sc.sel.data(), sc.sel_w.data(), &sc.moe[b0 * E], ms, pool);
+        poll_cancel();
     }
     for (int64_t b = 0; b < nb; ++b) {
         float* moe = &sc.moe[b * E];
@@ -184,7 +190,9 @@ void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* 
     }
     for (int il = 0; il < s.n_layer; ++il) {
         attention_layer(model, W.layers[il], kv, sc, il, n, pos0);
+        poll_cancel();
         ffn_layer(model, W.layers[il].ffn, sc, tokens, n);
+        poll_cancel();
     }
     const float* last = &sc.H[(n - 1) * HD];
     if (final_hc) std::memcpy(final_hc, last, (size_t)HD * sizeof(float));

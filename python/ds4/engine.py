@@ -19,7 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidArgumentError, ModelFormatError, UnsupportedModelError
+from ._args import MAX_CTX, MAX_THREADS, check_int
+from .errors import ModelFormatError, UnsupportedModelError
 from .shape import ModelShape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,10 +59,10 @@ class Engine:
 
         if backend != "cpu":
             raise UnsupportedModelError(f"backend {backend!r} is not available in this build; use 'cpu'")
-        if threads is not None and int(threads) < 1:
-            raise InvalidArgumentError(f"threads must be at least 1, got {threads}")
-        if prefill_chunk is not None and int(prefill_chunk) < 1:
-            raise InvalidArgumentError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        if threads is not None:
+            threads = check_int(threads, "threads", 1, MAX_THREADS)
+        if prefill_chunk is not None:
+            prefill_chunk = check_int(prefill_chunk, "prefill_chunk", 1, MAX_CTX)
         self.path = Path(path)
         self.info: ModelInfo = inspect(self.path)
         self.info.check_supported()

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import numpy as np
 
 from ._atomic import write_atomic
-from .errors import InvalidArgumentError, UnsupportedModelError
+from ._args import MAX_CTX, check_int
+from .errors import UnsupportedModelError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
@@ -51,17 +52,19 @@ ProgressFn = Callable[[int, int], None]
 class Session:
     """One timeline: ``sync``/``eval`` tokens, read ``logits``, checkpoint and persist the state.
 
-    Not thread-safe: use one session per thread (sessions of one engine may run concurrently).
-    Long calls release the GIL; Ctrl-C or :meth:`cancel` from another thread stops a prefill at
-    the next chunk boundary, leaving the session consistent at that boundary.
+    One call at a time: use one session per thread (sessions of one engine may run concurrently).
+    A call made while another is inside the session (from another thread, or a state-changing call
+    from its own progress callback) raises :class:`~ds4.errors.SessionBusyError`.
+    Long calls release the GIL; Ctrl-C or :meth:`cancel` from another thread stops a prefill within
+    a layer or two (a fraction of a second), leaving the session consistent at the last finished
+    chunk boundary.
     """
 
     def __init__(self, engine: "Engine", ctx: int = 32768) -> None:
         from . import _core
-        if int(ctx) < 2:
-            raise InvalidArgumentError(f"ctx must be at least 2, got {ctx}")
+        ctx = check_int(ctx, "ctx", 2, MAX_CTX)
         self.engine = engine
-        self._s = _core.Session(engine._model, int(ctx))
+        self._s = _core.Session(engine._model, ctx)
         self._logits: np.ndarray | None = None
 
     # ---- timeline ---------------------------------------------------------------------------
@@ -85,15 +88,15 @@ class Session:
         If the current tokens are a prefix of ``tokens`` only the suffix is evaluated, otherwise
         the state is rebuilt. ``progress(done, total)`` is called after each prefill chunk.
         """
-        self._s.sync(list(tokens), progress)
+        self._s.sync(tokens, progress)
 
     def eval(self, token: int) -> None:
         """Append one token and refresh the logits (ContextOverflowError when ctx is full)."""
-        self._s.eval(int(token))
+        self._s.eval(token)
 
     def rewind(self, pos: int) -> None:
         """Truncate the timeline to its first ``pos`` tokens (the state is rebuilt on next use)."""
-        self._s.rewind(int(pos))
+        self._s.rewind(pos)
 
     def reset(self) -> None:
         """Drop everything: an empty timeline."""
@@ -101,10 +104,11 @@ class Session:
 
     def common_prefix(self, tokens: Iterable[int]) -> int:
         """Length of the common prefix of the live tokens and ``tokens``."""
-        return int(self._s.common_prefix(list(tokens)))
+        return int(self._s.common_prefix(tokens))
 
     def cancel(self) -> None:
-        """Ask a running ``sync`` (in another thread) to stop at the next chunk boundary."""
+        """Ask a running ``sync`` (in another thread) to stop: it raises CancelledError within a layer or
+        a 64-token group, and the session keeps the tokens of the chunks that finished."""
         self._s.cancel()
 
     # ---- outputs ----------------------------------------------------------------------------
