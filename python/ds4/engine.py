@@ -25,6 +25,7 @@ from .shape import ModelShape
 
 if TYPE_CHECKING:  # pragma: no cover
     from .inspection import ModelInfo
+    from .payload import PayloadInfo
     from .session import Session
     from .tokenizer import Tokenizer
 
@@ -118,18 +119,39 @@ class Engine:
     def load_session(self, path: str | os.PathLike[str], ctx: int | None = None) -> "Session":
         """A session restored from a payload file written by :meth:`Session.save`.
 
-        ``ctx`` defaults to the context stored in the payload header.
+        ``ctx`` defaults to the context stored in the payload header. The payload is validated
+        against this model (layout, sizes, row counts) before any session memory is allocated;
+        every error names the file.
         """
+        from .errors import CacheFormatError, Ds4IOError
         from .session import Session
-        data = Path(path).read_bytes()
-        if ctx is None:
-            if len(data) < 12:
-                from .errors import CacheFormatError
-                raise CacheFormatError(f"{path}: truncated session payload")
-            ctx = int.from_bytes(data[8:12], "little")
-        s = Session(self, int(ctx))
-        s.load_payload(data)
+        p = Path(path)
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise Ds4IOError(f"{p}: cannot read session file: {e.strerror or e}") from e
+        try:
+            info = self.check_payload(data)
+        except CacheFormatError as e:
+            raise CacheFormatError(f"{p}: {e}") from None
+        ctx = info.header.ctx if ctx is None else check_int(ctx, "ctx", 2, MAX_CTX)
+        if not 2 <= ctx <= MAX_CTX:
+            raise CacheFormatError(f"{p}: session payload header has ctx {ctx}, outside 2..{MAX_CTX}")
+        s = Session(self, ctx)
+        try:
+            s.load_payload(data)
+        except CacheFormatError as e:
+            raise CacheFormatError(f"{p}: {e}") from None
         return s
+
+    def check_payload(self, data: bytes | bytearray | memoryview) -> "PayloadInfo":
+        """Validate a DSV4 session payload against this model without touching any session:
+        header, layout (layers, dims, vocab), raw-ring and row-count invariants, exact size.
+        Raises :class:`~ds4.errors.CacheFormatError` saying which field is wrong."""
+        from .payload import read_payload_info
+        s = self.shape
+        return read_payload_info(data, s.compress_ratios, head_dim=s.head_dim,
+                                 indexer_head_dim=s.indexer_head_dim, n_vocab=s.n_vocab)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """Text generation; see :func:`ds4.generation.generate` (``kv_cache=`` a

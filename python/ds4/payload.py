@@ -137,12 +137,20 @@ def payload_bytes(
 
 
 def read_payload_header(data: bytes | memoryview) -> PayloadHeader:
-    """Parse and check magic and version (§6.2 steps 1-2)."""
+    """Parse and check magic and version (§6.2 steps 1-2), and that the buffer holds at least the
+    fixed sections the header claims (tokens, logits, row counts): so no later step loops over or
+    allocates from a count the bytes cannot back."""
     h = PayloadHeader.unpack(data)
     if h.magic != PAYLOAD_MAGIC or h.version != PAYLOAD_VERSION:
         raise CacheFormatError(
             f"unsupported session payload version: magic 0x{h.magic:08x} version {h.version}, "
             f"expected magic 0x{PAYLOAD_MAGIC:08x} version {PAYLOAD_VERSION}"
+        )
+    fixed = PAYLOAD_HEADER_BYTES + _U32 * h.tokens + _F32 * h.n_vocab + 2 * _U32 * h.n_layer
+    if fixed > len(data):
+        raise CacheFormatError(
+            f"truncated session payload: the header claims {h.tokens} tokens, vocab {h.n_vocab} and "
+            f"{h.n_layer} layers ({fixed} bytes before the layer data), the buffer has {len(data)}"
         )
     return h
 
@@ -204,13 +212,23 @@ def read_payload_info(
                 f"saved compressed cap is {h.comp_cap}"
             )
     nbytes = payload_bytes(h, n_comp, n_index, ratios)
+    # The layer sections' sizes follow from the model's compress ratios, which the payload does not
+    # store: a size mismatch is a truncated file or a payload written by another model shape.
+    why = "truncated, or written for a model with other compress ratios"
     if len(data) < nbytes:
-        raise CacheFormatError(f"truncated session payload: {len(data)} bytes, header implies {nbytes}")
+        raise CacheFormatError(
+            f"session payload is {len(data)} bytes, this model's layout (compress ratios "
+            f"{_short(ratios)}) implies {nbytes}: {why}")
     if exact and len(data) != nbytes:
         raise CacheFormatError(
-            f"KV checkpoint has trailing payload bytes: {len(data)} bytes, header implies {nbytes}"
-        )
+            f"KV checkpoint has trailing payload bytes: {len(data)} bytes, this model's layout "
+            f"(compress ratios {_short(ratios)}) implies {nbytes}: {why}")
     return PayloadInfo(h, tuple(n_comp), tuple(n_index), tuple(ratios), nbytes)
+
+
+def _short(ratios: Sequence[int]) -> str:
+    r = list(ratios)
+    return str(r) if len(r) <= 8 else f"[{', '.join(map(str, r[:8]))}, ... ({len(r)} layers)]"
 
 
 def payload_sections(info: PayloadInfo) -> list[tuple[str, int, int]]:

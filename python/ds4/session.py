@@ -24,7 +24,7 @@ import numpy as np
 
 from ._atomic import write_atomic
 from ._args import MAX_CTX, check_int
-from .errors import UnsupportedModelError
+from .errors import InvalidArgumentError, UnsupportedModelError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
@@ -146,15 +146,29 @@ class Session:
 
     def restore(self, snap: Snapshot) -> None:
         """Go back to ``snap`` (taken from a session with a compatible ctx)."""
-        self._s.load_payload(snap.payload)
+        self.load_payload(snap.payload)
 
     def save_payload(self) -> bytes:
         """The DSV4 session payload (RUNTIME.md §6.1), byte-compatible with upstream."""
         return self._s.save_payload()
 
     def load_payload(self, data: bytes | bytearray | memoryview) -> None:
-        """Replace the state with a payload; CacheFormatError (session unchanged) if it does not fit."""
-        self._s.load_payload(data)
+        """Replace the state with a payload; CacheFormatError (session unchanged) if it does not fit.
+
+        ``data`` is any C-contiguous bytes-like object; it is validated against the model (so a
+        payload from another model shape says so) before the core reads it.
+        """
+        try:
+            mv = memoryview(data)
+        except TypeError:
+            raise InvalidArgumentError(f"session payload must be bytes-like, got {type(data).__name__}") from None
+        if not mv.c_contiguous:
+            raise InvalidArgumentError("session payload must be a contiguous buffer "
+                                       "(bytes, bytearray or a C-contiguous view)")
+        if mv.ndim != 1 or mv.itemsize != 1:
+            mv = mv.cast("B")
+        self.engine.check_payload(mv)
+        self._s.load_payload(mv)
 
     def payload_size(self) -> int:
         return int(self._s.payload_size())

@@ -48,10 +48,13 @@ def _busy_session(eng, n: int = 120):
 
 def test_second_thread_gets_busy_error_and_state_survives(tiny_path) -> None:
     eng = ds4.Engine(tiny_path, threads=1, prefill_chunk=8)
+    other = eng.session(ctx=256)
+    other.sync([1, 2, 3])
+    valid = other.save_payload()
     s, t, release, errors = _busy_session(eng)
     calls = [lambda: s.sync([1, 2, 3]), lambda: s.eval(5), lambda: s.logits, lambda: s.argmax(),
              lambda: s.rewind(0), lambda: s.reset(), lambda: s.save_payload(), lambda: s.pos,
-             lambda: s.tokens, lambda: s.load_payload(b"x" * 64)]
+             lambda: s.tokens, lambda: s.load_payload(valid)]
     for call in calls:
         with pytest.raises(SessionBusyError, match="another thread"):
             call()
