@@ -123,7 +123,8 @@ class Engine:
         against this model (layout, sizes, row counts) before any session memory is allocated;
         every error names the file.
         """
-        from .errors import CacheFormatError, Ds4IOError
+        from .errors import CacheFormatError, Ds4Error, Ds4IOError
+        from .payload import default_prefill_cap
         from .session import Session
         p = Path(path)
         try:
@@ -134,14 +135,24 @@ class Engine:
             info = self.check_payload(data)
         except CacheFormatError as e:
             raise CacheFormatError(f"{p}: {e}") from None
-        ctx = info.header.ctx if ctx is None else check_int(ctx, "ctx", 2, MAX_CTX)
+        h = info.header
+        # The header's ctx sizes the session allocated below: it must agree with the fields the
+        # writer derived from it (an edited ctx alone once allocated a 2**31-token session).
+        derived = {"prefill chunk tag": (h.prefill_cap, default_prefill_cap(h.ctx)),
+                   "compressed row cap": (h.comp_cap, h.ctx // 4 + 2),
+                   "raw ring cap": (h.raw_cap, max(1, min(self.shape.n_swa, h.ctx)))}
+        for name, (found, want) in derived.items():
+            if found != want:
+                raise CacheFormatError(f"{p}: session payload header is inconsistent: ctx {h.ctx} implies "
+                                       f"{name} {want}, the header has {found}")
+        ctx = h.ctx if ctx is None else check_int(ctx, "ctx", 2, MAX_CTX)
         if not 2 <= ctx <= MAX_CTX:
             raise CacheFormatError(f"{p}: session payload header has ctx {ctx}, outside 2..{MAX_CTX}")
-        s = Session(self, ctx)
         try:
+            s = Session(self, ctx)
             s.load_payload(data)
-        except CacheFormatError as e:
-            raise CacheFormatError(f"{p}: {e}") from None
+        except Ds4Error as e:
+            raise type(e)(f"{p}: {e}") from None
         return s
 
     def check_payload(self, data: bytes | bytearray | memoryview) -> "PayloadInfo":

@@ -198,7 +198,10 @@ class KVCHeader:
         return KVC_PREFIX_BYTES + self.text_bytes + self.payload_bytes
 
     def with_use(self, hits: int, last_used: int) -> "KVCHeader":
-        return replace(self, hits=hits, last_used=last_used)
+        """The header after one more use. The u32 hit counter saturates instead of overflowing
+        (a file claiming 2**32-1 hits must still be usable)."""
+        return replace(self, hits=min(max(int(hits), 0), 0xFFFFFFFF),
+                       last_used=min(max(int(last_used), 0), 0xFFFFFFFFFFFFFFFF))
 
 
 def sha1_hex(data: bytes) -> str:
