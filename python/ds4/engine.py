@@ -15,9 +15,10 @@ C++ core: weights are used in place, never copied. An engine is immutable and ca
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ._args import MAX_CTX, MAX_THREADS, check_int
 from .errors import ModelFormatError, UnsupportedModelError
@@ -69,18 +70,21 @@ class Engine:
         self.info.check_supported()
         assert self.info.shape is not None
         self.shape: ModelShape = self.info.shape
-        self._model = _core.Model(str(self.path), _shape_dict(self.shape), _tensor_table(self.info),
-                                  int(threads or 0), int(prefill_chunk or 0))
+        with _naming(self.path):
+            self._model = _core.Model(str(self.path), _shape_dict(self.shape), _tensor_table(self.info),
+                                      int(threads or 0), int(prefill_chunk or 0))
         self.mtp_path: Path | None = None
         if mtp_path is not None:
             # Only the mtp.0.* tensors are used; the C++ binder checks their types, dims and bounds.
             tensors = [t for t in _raw_tensor_table(Path(mtp_path)) if t[0].startswith(_MTP_PREFIX)]
             if not tensors:
                 raise ModelFormatError(f"{mtp_path}: no {_MTP_PREFIX}* tensors found")
-            self._model.load_mtp(str(mtp_path), tensors)
+            with _naming(Path(mtp_path)):
+                self._model.load_mtp(str(mtp_path), tensors)
             self.mtp_path = Path(mtp_path)
         elif self.info.has_mtp:
-            self._model.load_mtp("", _tensor_table(self.info, _MTP_PREFIX))
+            with _naming(self.path):
+                self._model.load_mtp("", _tensor_table(self.info, _MTP_PREFIX))
         self._tokenizer: Tokenizer | None = None
 
     # ---- properties -------------------------------------------------------------------------
@@ -172,6 +176,18 @@ class Engine:
 
     def __repr__(self) -> str:
         return f"Engine({str(self.path)!r}, variant={self.info.variant!r}, threads={self.threads})"
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Core errors about a file name it: the same ds4 error class, prefixed with the path."""
+    from .errors import Ds4Error
+    try:
+        yield
+    except Ds4Error as e:
+        if str(path) in str(e):
+            raise
+        raise type(e)(f"{path}: {e}") from None
 
 
 def _raw_tensor_table(path: Path) -> list[tuple[str, int, list[int], int, int]]:

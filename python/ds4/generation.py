@@ -66,8 +66,10 @@ from .chat import (
     think_enabled,
     think_mode_for_context,
 )
+from ._args import check_int
 from .errors import ContextOverflowError, InvalidArgumentError
 from .sampling import (
+    check_sampling_args,
     DEFAULT_MIN_P,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
@@ -363,8 +365,11 @@ def generate(
     ``FinishEvent.cache_source`` say what was reused. The cache lookup (and a disk load) happens
     when ``generate`` is called, like the prompt checks.
     """
-    if max_tokens is not None and max_tokens < 0:
-        raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+    if max_tokens is not None:
+        max_tokens = check_int(max_tokens, "max_tokens", 0)
+    check_sampling_args(temperature, top_k, top_p, min_p)
+    if seed is not None:
+        seed = check_int(seed, "seed", 0, 2**64 - 1)
     if session is None:
         session = engine.session(ctx=ctx if ctx is not None else DEFAULT_CTX)
     mode = think_mode_for_context(think, session.ctx)
