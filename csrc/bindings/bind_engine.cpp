@@ -77,23 +77,27 @@ std::vector<ds4::TensorDesc> tensors_from_list(const py::list& lst) {
 void init_engine(py::module_& m) {
     py::class_<ds4::Model, std::shared_ptr<ds4::Model>>(m, "Model")
         .def(py::init([](const std::string& path, const py::dict& shape, const py::list& tensors, int threads,
-                         int64_t prefill_chunk) {
+                         int64_t prefill_chunk, int layer_begin, int layer_end) {
                  ds4::ModelOptions o;
                  o.threads = threads;
                  o.prefill_chunk = prefill_chunk;
+                 o.layer_begin = layer_begin;
+                 o.layer_end = layer_end;
                  ds4::Shape s = shape_from_dict(shape);
                  std::vector<ds4::TensorDesc> descs = tensors_from_list(tensors);
                  py::gil_scoped_release nogil;
                  return std::make_shared<ds4::Model>(path, s, descs, o);
              }),
              py::arg("path"), py::arg("shape"), py::arg("tensors"), py::arg("threads") = 0,
-             py::arg("prefill_chunk") = 0)
+             py::arg("prefill_chunk") = 0, py::arg("layer_begin") = 0, py::arg("layer_end") = 0)
         .def("load_mtp",
              [](ds4::Model& self, const std::string& path, const py::list& tensors) {
                  self.load_mtp(path, tensors_from_list(tensors));
              },
              py::arg("path"), py::arg("tensors"))
         .def_property_readonly("threads", &ds4::Model::threads)
+        .def_property_readonly("layer_begin", &ds4::Model::layer_begin)
+        .def_property_readonly("layer_end", &ds4::Model::layer_end)
         .def_property("prefill_chunk", &ds4::Model::prefill_chunk, &ds4::Model::set_prefill_chunk)
         .def_property_readonly("has_mtp", [](const ds4::Model& self) { return self.weights().mtp.present; })
         .def_property_readonly("routed_bits", [](const ds4::Model& self) { return self.weights().routed_bits; })

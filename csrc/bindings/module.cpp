@@ -7,6 +7,7 @@ void init_errors(py::module_& m);
 void init_quant(py::module_& m);
 void init_engine(py::module_& m);
 void init_session(py::module_& m);
+void init_stage(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "ds4 compiled core (internal; use the ds4 package API)";
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_core, m) {
     init_quant(m);
     init_engine(m);
     init_session(m);
+    init_stage(m);
 }

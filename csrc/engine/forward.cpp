@@ -75,14 +75,14 @@ void attention_layer(const Model& model, const LayerWeights& L, KvState& kv, Scr
         linear(L.indexer.comp.gate, sc.a.data(), nb, sc.icsc.data(), sc.act, pool);
         // Upper bound of the rows any token of this batch can see (one new row per 4 tokens at
         // most), from the live count so a loaded state with unusual counts is covered too.
-        need_indexer = indexer_needed(s, kv.layers[il].n_index_comp + (nb + 3) / 4);
+        need_indexer = indexer_needed(s, kv.layer(il).n_index_comp + (nb + 3) / 4);
         if (need_indexer) {
             linear(L.indexer.q_b, sc.qrn.data(), nb, sc.iq.data(), sc.act, pool);
             linear(L.indexer.proj, sc.a.data(), nb, sc.iw.data(), sc.act, pool);
         }
     }
 
-    LayerKv& C = kv.layers[il];
+    LayerKv& C = kv.layer(il);
     const CompressorLane attn_lane{D, ratio, true, s.n_rot, s.rms_eps, &rope};
     const CompressorLane index_lane{I, ratio, false, s.n_rot, s.rms_eps, &rope};
     for (int64_t b = 0; b < nb; ++b) {
@@ -169,11 +169,15 @@ void output_logits(const Model& model, Scratch& sc, const float* H, float* logit
     linear(W.output, sc.y.data(), 1, logits, sc.act, model.pool());
 }
 
-void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
-                   float* logits, float* final_hc) {
+void forward_stage(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
+                   const float* hc_in, float* hc_out, float* logits, float* final_hc) {
     const Shape& s = model.shape();
     const ModelWeights& W = model.weights();
     const int64_t E = s.n_embd, HD = s.hc_dim();
+    const int l0 = model.layer_begin(), l1 = model.layer_end();
+    if (kv.first_layer != l0 || kv.first_layer + (int)kv.layers.size() != l1) {
+        fail(ErrorKind::InvalidArgument, "internal: KV state layers do not match the stage's layer range");
+    }
     int64_t max_comp = 0;
     for (const LayerKv& L : kv.layers) max_comp = std::max(max_comp, L.comp_cap);
     sc.ensure(s, n, kv.raw_cap, max_comp);
@@ -183,20 +187,35 @@ void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* 
                                                  std::to_string(s.n_vocab) + ")");
         }
     }
-    for (int64_t b = 0; b < n; ++b) {
-        dequantize_row(W.token_embd.type, W.token_embd.data + (int64_t)tokens[b] * W.token_embd.row_stride(),
-                       sc.plain.data(), E);
-        for (int h = 0; h < s.n_hc; ++h) std::memcpy(&sc.H[b * HD + h * E], sc.plain.data(), (size_t)E * sizeof(float));
+    if (model.first_stage()) {
+        for (int64_t b = 0; b < n; ++b) {
+            dequantize_row(W.token_embd.type, W.token_embd.data + (int64_t)tokens[b] * W.token_embd.row_stride(),
+                           sc.plain.data(), E);
+            for (int h = 0; h < s.n_hc; ++h) std::memcpy(&sc.H[b * HD + h * E], sc.plain.data(), (size_t)E * sizeof(float));
+        }
+    } else {
+        if (!hc_in) fail(ErrorKind::InvalidArgument, "a stage after the first needs the previous stage's HC state");
+        std::memcpy(sc.H.data(), hc_in, (size_t)(n * HD) * sizeof(float));
     }
-    for (int il = 0; il < s.n_layer; ++il) {
+    for (int il = l0; il < l1; ++il) {
         attention_layer(model, W.layers[il], kv, sc, il, n, pos0);
         poll_cancel();
         ffn_layer(model, W.layers[il].ffn, sc, tokens, n);
         poll_cancel();
     }
+    if (!model.last_stage()) {
+        if (!hc_out) fail(ErrorKind::InvalidArgument, "a stage before the last needs somewhere to put its HC state");
+        std::memcpy(hc_out, sc.H.data(), (size_t)(n * HD) * sizeof(float));
+        return;
+    }
     const float* last = &sc.H[(n - 1) * HD];
     if (final_hc) std::memcpy(final_hc, last, (size_t)HD * sizeof(float));
     if (logits) output_logits(model, sc, last, logits);
+}
+
+void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
+                   float* logits, float* final_hc) {
+    forward_stage(model, kv, sc, tokens, n, pos0, nullptr, nullptr, logits, final_hc);
 }
 
 Shape mtp_state_shape(const Shape& s) {

@@ -16,6 +16,14 @@ namespace ds4 {
 void forward_batch(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
                    float* logits, float* final_hc = nullptr);
 
+// One pipeline stage (the model's layer range) over the same batch. The first stage embeds
+// `tokens`; a later one starts from hc_in, the previous stage's output (n x hc_dim floats). Every
+// stage needs the token ids too: hash-routed layers pick experts by token. A stage before the last
+// writes the HC state after its last layer to hc_out (n x hc_dim); the last stage writes logits
+// and final_hc as forward_batch does. Chained stages compute exactly what forward_batch computes.
+void forward_stage(const Model& model, KvState& kv, Scratch& sc, const int32_t* tokens, int64_t n, int64_t pos0,
+                   const float* hc_in, float* hc_out, float* logits, float* final_hc);
+
 // Logits from one final HC state (hc_dim floats) through the model's output head.
 void output_logits(const Model& model, Scratch& sc, const float* H, float* logits);
 

@@ -10,11 +10,13 @@ Model::Model(const std::string& path, const Shape& shape, const std::vector<Tens
     shape_.validate();
     file_ = std::make_unique<MappedFile>(path);
     table_ = std::make_unique<TensorTable>(file_->data(), file_->size(), path, tensors);
-    weights_.bind(shape_, *table_);
+    weights_.bind(shape_, *table_, opts.layer_begin, opts.layer_end > 0 ? opts.layer_end : shape_.n_layer);
     pool_ = std::make_unique<ThreadPool>(opts.threads);
 }
 
 void Model::load_mtp(const std::string& path, const std::vector<TensorDesc>& tensors) {
+    if (!last_stage()) fail(ErrorKind::InvalidArgument, "the MTP block runs on the last pipeline stage only");
+    if (!weights_.token_embd) weights_.bind_embedding(shape_, *table_);
     if (path.empty()) {
         mtp_table_ = std::make_unique<TensorTable>(file_->data(), file_->size(), file_->path(), tensors);
     } else {
@@ -31,9 +33,11 @@ int64_t Model::chunk_for(int64_t n) const {
 }
 
 int64_t Model::decode_weight_bytes() const {
-    int64_t total = weights_.output.nbytes + weights_.head.hc_fn.nbytes + weights_.token_embd.row_stride();
+    int64_t total = weights_.output.nbytes + weights_.head.hc_fn.nbytes;
+    if (first_stage()) total += weights_.token_embd.row_stride();
     auto add = [&](const TensorRef& t) { if (t) total += t.nbytes; };
-    for (const LayerWeights& L : weights_.layers) {
+    for (int il = layer_begin(); il < layer_end(); ++il) {
+        const LayerWeights& L = weights_.layers[il];
         const AttentionWeights& a = L.attn;
         for (const TensorRef* t : {&a.hc_attn_fn, &a.attn_q_a, &a.attn_q_b, &a.attn_kv, &a.attn_output_a,
                                    &a.attn_output_b, &L.comp.kv, &L.comp.gate, &L.indexer.q_b, &L.indexer.proj,

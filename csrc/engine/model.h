@@ -16,17 +16,25 @@ namespace ds4 {
 struct ModelOptions {
     int threads = 0;                 // <= 0: default_thread_count()
     int64_t prefill_chunk = 0;       // <= 0: 4096 when the prompt is longer, else the whole prompt
+    // The layers [layer_begin, layer_end) this model runs (a pipeline stage; layer_end <= 0: to
+    // the last layer). Only their tensors are bound, so only their pages of the file are read.
+    int layer_begin = 0;
+    int layer_end = 0;
 };
 
 class Model {
 public:
     Model(const std::string& path, const Shape& shape, const std::vector<TensorDesc>& tensors,
           const ModelOptions& opts);
-    // Binds the MTP block from a second file (or the main file when path is empty).
+    // Binds the MTP block from a second file (or the main file when path is empty); last stage only.
     void load_mtp(const std::string& path, const std::vector<TensorDesc>& tensors);
 
     const Shape& shape() const { return shape_; }
     const ModelWeights& weights() const { return weights_; }
+    int layer_begin() const { return weights_.layer_begin; }
+    int layer_end() const { return weights_.layer_end; }
+    bool first_stage() const { return weights_.first_stage(); }
+    bool last_stage() const { return weights_.last_stage(shape_); }
     ThreadPool* pool() const { return pool_.get(); }
     int threads() const { return pool_->size(); }
     int64_t prefill_chunk() const { return prefill_chunk_; }

@@ -16,7 +16,7 @@ template <class Dot>
 void attend_heads(const AttentionInputs& in, float* out, float* scores, int64_t h0, int64_t h1, Dot dot) {
     const Shape& s = in.kv->shape;
     const int64_t D = s.head_dim;
-    const int64_t n_raw = in.kv->layers[in.il].n_raw;
+    const int64_t n_raw = in.kv->layer(in.il).n_raw;
     const int64_t stride = in.kv->raw_cap + in.n_comp;
     const float kq_scale = 1.0f / std::sqrt((float)D);
     for (int64_t h = h0; h < h1; ++h) {

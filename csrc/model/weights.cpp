@@ -66,13 +66,23 @@ void bind_head(OutputHeadWeights& h, const Shape& s, const TensorTable& t, const
 
 }  // namespace
 
-void ModelWeights::bind(const Shape& s, const TensorTable& t) {
+void ModelWeights::bind(const Shape& s, const TensorTable& t, int l0, int l1) {
     s.validate();
-    token_embd = t.get("token_embd.weight", {s.n_embd, s.n_vocab}, kPlain);
-    output = t.get("output.weight", {s.n_embd, s.n_vocab}, kDense);
-    bind_head(head, s, t, "output_hc_", "output_norm.weight");
+    if (l1 < 0) l1 = s.n_layer;
+    if (l0 < 0 || l0 >= l1 || l1 > s.n_layer) {
+        fail(ErrorKind::InvalidArgument, t.file() + ": layer range [" + std::to_string(l0) + ", " + std::to_string(l1) +
+                                             ") is not a non-empty part of the model's " + std::to_string(s.n_layer) +
+                                             " layers");
+    }
+    layer_begin = l0;
+    layer_end = l1;
+    if (first_stage()) bind_embedding(s, t);
+    if (last_stage(s)) {
+        output = t.get("output.weight", {s.n_embd, s.n_vocab}, kDense);
+        bind_head(head, s, t, "output_hc_", "output_norm.weight");
+    }
     layers.assign(s.n_layer, LayerWeights{});
-    for (int il = 0; il < s.n_layer; ++il) {
+    for (int il = l0; il < l1; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
         LayerWeights& L = layers[il];
         bind_attention(L.attn, s, t, p);
@@ -84,12 +94,16 @@ void ModelWeights::bind(const Shape& s, const TensorTable& t) {
             L.indexer.proj = t.get(p + "indexer.proj.weight", {s.n_embd, s.indexer_heads}, kDense);
             bind_compressor(L.indexer.comp, t, p + "indexer_compressor", s.n_embd, s.indexer_head_dim, 4);
         }
-        if (L.ffn.gate_exps.type != layers[0].ffn.gate_exps.type) {
-            fail(ErrorKind::ModelFormat, t.file() + ": routed expert type differs between layers 0 and " +
-                                             std::to_string(il));
+        if (L.ffn.gate_exps.type != layers[l0].ffn.gate_exps.type) {
+            fail(ErrorKind::ModelFormat, t.file() + ": routed expert type differs between layers " +
+                                             std::to_string(l0) + " and " + std::to_string(il));
         }
     }
-    routed_bits = layers[0].ffn.gate_exps.type == GgmlType::Q4_K ? 4 : 2;
+    routed_bits = layers[l0].ffn.gate_exps.type == GgmlType::Q4_K ? 4 : 2;
+}
+
+void ModelWeights::bind_embedding(const Shape& s, const TensorTable& t) {
+    token_embd = t.get("token_embd.weight", {s.n_embd, s.n_vocab}, kPlain);
 }
 
 void ModelWeights::bind_mtp(const Shape& s, const TensorTable& t) {

@@ -48,14 +48,22 @@ struct MtpWeights {
 };
 
 struct ModelWeights {
-    TensorRef token_embd, output;
+    TensorRef token_embd, output;    // token_embd: first stage only; output and head: last only
     OutputHeadWeights head;
-    std::vector<LayerWeights> layers;
+    std::vector<LayerWeights> layers;   // n_layer entries; only [layer_begin, layer_end) are bound
     MtpWeights mtp;
     int routed_bits = 2;             // 4 when the routed experts are Q4_K
+    int layer_begin = 0, layer_end = 0;
 
-    void bind(const Shape& s, const TensorTable& t);
+    bool first_stage() const { return layer_begin == 0; }
+    bool last_stage(const Shape& s) const { return layer_end == s.n_layer; }
+
+    // Binds the tensors of layers [l0, l1) (l1 < 0: all), plus the embedding when l0 == 0 and the
+    // output head when l1 == n_layer; no other tensor of the file is touched.
+    void bind(const Shape& s, const TensorTable& t, int l0 = 0, int l1 = -1);
     void bind_mtp(const Shape& s, const TensorTable& t);   // throws ModelFormat if incomplete
+    // The token embedding alone (a last stage's MTP block embeds its draft token).
+    void bind_embedding(const Shape& s, const TensorTable& t);
 };
 
 }  // namespace ds4

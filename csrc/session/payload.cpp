@@ -56,7 +56,7 @@ int64_t frontier_floats(const LayerKv& L, int64_t width) {
 int64_t payload_bytes(const KvState& kv, int64_t T) {
     const Shape& s = kv.shape;
     const int64_t R = std::min<int64_t>(kv.raw_cap, T);
-    int64_t n = 52 + 4 * T + 4 * (int64_t)s.n_vocab + 8 * (int64_t)s.n_layer;
+    int64_t n = 52 + 4 * T + 4 * (int64_t)s.n_vocab + 8 * (int64_t)kv.layers.size();
     for (const LayerKv& L : kv.layers) {
         n += R * 4 * s.head_dim;
         if (L.ratio != 0) n += L.n_comp * 4 * s.head_dim + 2 * 4 * frontier_floats(L, s.head_dim);
@@ -77,15 +77,16 @@ void write_payload(const KvState& kv, const std::vector<int32_t>& tokens, const 
     for (const LayerKv& L : kv.layers) if (L.ratio == 4) comp_cap4 = L.comp_cap;
     const uint32_t header[13] = {kPayloadMagic, kPayloadVersion, (uint32_t)kv.ctx, (uint32_t)payload_prefill_cap(kv.ctx),
                                  (uint32_t)kv.raw_cap, (uint32_t)kv.raw_cap, (uint32_t)comp_cap4, (uint32_t)T,
-                                 (uint32_t)s.n_layer, (uint32_t)s.head_dim, (uint32_t)s.indexer_head_dim,
+                                 (uint32_t)kv.layers.size(), (uint32_t)s.head_dim, (uint32_t)s.indexer_head_dim,
                                  (uint32_t)s.n_vocab, (uint32_t)R};
     for (uint32_t v : header) w.u32(v);
     for (int32_t t : tokens) w.u32((uint32_t)t);
     w.floats(logits, s.n_vocab);
     for (const LayerKv& L : kv.layers) w.u32((uint32_t)L.n_comp);
     for (const LayerKv& L : kv.layers) w.u32((uint32_t)L.n_index_comp);
-    for (int il = 0; il < s.n_layer; ++il) {
-        const LayerKv& L = kv.layers[il];
+    for (size_t k = 0; k < kv.layers.size(); ++k) {
+        const LayerKv& L = kv.layers[k];
+        const int il = kv.first_layer + (int)k;
         // The live window holds min(n_raw, R) rows; after a rebuild they are exactly the last R.
         for (int64_t i = L.n_raw - R; i < L.n_raw; ++i) w.floats(kv.raw_row(il, i), s.head_dim);
         if (L.ratio != 0) {
@@ -113,11 +114,12 @@ void read_payload(const uint8_t* data, size_t size, KvState& kv, std::vector<int
         fail(ErrorKind::CacheFormat, "KV checkpoint does not fit current context (saved ctx " + std::to_string(saved_ctx) +
                                          ", " + std::to_string(T) + " tokens; session ctx " + std::to_string(kv.ctx) + ")");
     }
-    if (h[8] != (uint32_t)s.n_layer || h[9] != (uint32_t)s.head_dim || h[10] != (uint32_t)s.indexer_head_dim ||
+    const int n_layer = (int)kv.layers.size();
+    if (h[8] != (uint32_t)n_layer || h[9] != (uint32_t)s.head_dim || h[10] != (uint32_t)s.indexer_head_dim ||
         h[11] != (uint32_t)s.n_vocab) {
         fail(ErrorKind::CacheFormat, "KV checkpoint was written for a different DS4 layout (layers/head dim/indexer dim/vocab " +
                                          std::to_string(h[8]) + "/" + std::to_string(h[9]) + "/" + std::to_string(h[10]) +
-                                         "/" + std::to_string(h[11]) + ", model has " + std::to_string(s.n_layer) + "/" +
+                                         "/" + std::to_string(h[11]) + ", model has " + std::to_string(n_layer) + "/" +
                                          std::to_string(s.head_dim) + "/" + std::to_string(s.indexer_head_dim) + "/" +
                                          std::to_string(s.n_vocab) + ")");
     }
@@ -144,21 +146,21 @@ void read_payload(const uint8_t* data, size_t size, KvState& kv, std::vector<int
     }
     logits.assign((size_t)s.n_vocab, 0.0f);
     r.floats(logits.data(), s.n_vocab);
-    std::vector<uint32_t> n_comp(s.n_layer), n_index(s.n_layer);
+    std::vector<uint32_t> n_comp(n_layer), n_index(n_layer);
     for (uint32_t& v : n_comp) v = r.u32();
     for (uint32_t& v : n_index) v = r.u32();
     kv.reset();
-    for (int il = 0; il < s.n_layer; ++il) {
+    for (int il = 0; il < n_layer; ++il) {
         LayerKv& L = kv.layers[il];
         const int64_t cap = L.ratio != 0 ? L.comp_cap : 0;
         if ((int64_t)n_comp[il] > saved_comp_cap || (int64_t)n_comp[il] > cap) {
-            fail(ErrorKind::CacheFormat, "KV checkpoint has invalid compressed row count in layer " + std::to_string(il));
+            fail(ErrorKind::CacheFormat, "KV checkpoint has invalid compressed row count in layer " + std::to_string(kv.first_layer + il));
         }
         if ((int64_t)n_index[il] > saved_comp_cap || (int64_t)n_index[il] > (L.ratio == 4 ? cap : 0)) {
-            fail(ErrorKind::CacheFormat, "KV checkpoint has invalid indexer row count in layer " + std::to_string(il));
+            fail(ErrorKind::CacheFormat, "KV checkpoint has invalid indexer row count in layer " + std::to_string(kv.first_layer + il));
         }
     }
-    for (int il = 0; il < s.n_layer; ++il) {
+    for (int il = 0; il < n_layer; ++il) {
         LayerKv& L = kv.layers[il];
         r.floats(L.raw.data(), R * s.head_dim);
         L.n_raw = R;

@@ -16,6 +16,11 @@ constexpr int64_t kKeepBatchScratch = 256;   // tokens of batch scratch kept bet
 Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::move(model)) {
     if (ctx < 2) fail(ErrorKind::InvalidArgument, "session context must be at least 2 tokens, got " + std::to_string(ctx));
     if (ctx > 0x7fffffff) fail(ErrorKind::InvalidArgument, "session context is too large: " + std::to_string(ctx));
+    if (!model_->first_stage() || !model_->last_stage()) {
+        fail(ErrorKind::InvalidArgument, "this engine runs only layers [" + std::to_string(model_->layer_begin()) + ", " +
+                                             std::to_string(model_->layer_end()) +
+                                             ") of the model: chain it with the other stages (ds4.stages)");
+    }
     kv_.init(model_->shape(), ctx);
     tokens_.reserve((size_t)ctx);   // the decode loop never reallocates the checkpoint
     logits_.assign((size_t)model_->shape().n_vocab, 0.0f);

@@ -29,15 +29,21 @@ void clear_frontier_rows(std::vector<float>& kv, std::vector<float>& score, int6
 
 }  // namespace
 
-void KvState::init(const Shape& s, int64_t ctx_size) {
+void KvState::init(const Shape& s, int64_t ctx_size, int l0, int l1) {
     if (ctx_size <= 0) fail(ErrorKind::InvalidArgument, "context size must be positive, got " + std::to_string(ctx_size));
+    if (l1 < 0) l1 = s.n_layer;
+    if (l0 < 0 || l0 >= l1 || l1 > s.n_layer) {
+        fail(ErrorKind::InvalidArgument, "layer range [" + std::to_string(l0) + ", " + std::to_string(l1) +
+                                             ") is not a non-empty part of [0, " + std::to_string(s.n_layer) + ")");
+    }
     shape = s;
     ctx = ctx_size;
     raw_cap = std::max<int64_t>(1, std::min<int64_t>(s.n_swa, ctx));
+    first_layer = l0;
     layers.clear();
-    layers.resize((size_t)s.n_layer);
-    for (int il = 0; il < s.n_layer; ++il) {
-        LayerKv& L = layers[il];
+    layers.resize((size_t)(l1 - l0));
+    for (int il = l0; il < l1; ++il) {
+        LayerKv& L = layer(il);
         L.ratio = s.ratio(il);
         L.raw.assign(raw_cap * s.head_dim, 0.0f);
         if (L.ratio != 0) {
@@ -68,7 +74,7 @@ void KvState::reset() {
 }
 
 void KvState::push_raw(int il, const float* row) {
-    LayerKv& L = layers[il];
+    LayerKv& L = layer(il);
     const int64_t D = shape.head_dim;
     float* dst = L.raw.data() + L.raw_next * D;
     for (int64_t i = 0; i < D; ++i) dst[i] = f16_round(row[i]);
@@ -77,7 +83,7 @@ void KvState::push_raw(int il, const float* row) {
 }
 
 const float* KvState::raw_row(int il, int64_t i) const {
-    const LayerKv& L = layers[il];
+    const LayerKv& L = layer(il);
     int64_t slot = L.raw_next - L.n_raw + i;
     if (slot < 0) slot += raw_cap;
     return L.raw.data() + slot * shape.head_dim;
@@ -88,7 +94,7 @@ float* KvState::raw_row(int il, int64_t i) {
 }
 
 void KvState::push_comp(int il, const float* row) {
-    LayerKv& L = layers[il];
+    LayerKv& L = layer(il);
     if (L.n_comp >= L.comp_cap) {
         fail(ErrorKind::ContextOverflow, "compressed KV cache of layer " + std::to_string(il) + " is full (" +
                                              std::to_string(L.comp_cap) + " rows for ctx " + std::to_string(ctx) + ")");
@@ -100,7 +106,7 @@ void KvState::push_comp(int il, const float* row) {
 }
 
 void KvState::push_index_comp(int il, const float* row) {
-    LayerKv& L = layers[il];
+    LayerKv& L = layer(il);
     if (L.n_index_comp >= L.comp_cap) {
         fail(ErrorKind::ContextOverflow, "indexer KV cache of layer " + std::to_string(il) + " is full");
     }

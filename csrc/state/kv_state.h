@@ -40,12 +40,19 @@ struct KvState {
     Shape shape;
     int64_t ctx = 0;
     int64_t raw_cap = 0;                   // min(n_swa, ctx), at least 1
+    // A pipeline stage holds only the layers [first_layer, first_layer + layers.size()) of the
+    // model; every method taking `il` takes the model-wide layer index.
+    int first_layer = 0;
     std::vector<LayerKv> layers;
 
-    // Allocates everything for ctx (comp_cap = ctx/ratio + 2 per compressed layer) and resets.
-    void init(const Shape& s, int64_t ctx_size);
+    // Allocates everything for ctx (comp_cap = ctx/ratio + 2 per compressed layer) and resets,
+    // for the layers [l0, l1) of s (l1 < 0: up to s.n_layer).
+    void init(const Shape& s, int64_t ctx_size, int l0 = 0, int l1 = -1);
     // Back to the empty state: no rows, frontiers at their initial fill.
     void reset();
+
+    LayerKv& layer(int il) { return layers[(size_t)(il - first_layer)]; }
+    const LayerKv& layer(int il) const { return layers[(size_t)(il - first_layer)]; }
 
     // Appends a raw row (f16 round trip applied here); drops the oldest row when full.
     void push_raw(int il, const float* row);

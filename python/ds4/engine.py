@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ._args import MAX_CTX, MAX_THREADS, check_int
-from .errors import ModelFormatError, UnsupportedModelError
+from .errors import InvalidArgumentError, ModelFormatError, UnsupportedModelError
 from .shape import ModelShape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,9 +35,25 @@ __all__ = ["Engine"]
 _MTP_PREFIX = "mtp.0."
 
 
-def _tensor_table(info: "ModelInfo", prefix: str | None = None) -> list[tuple[str, int, list[int], int, int]]:
+def _tensor_table(info: "ModelInfo", prefix: str | None = None,
+                  stage: tuple[int, int, int] | None = None) -> list[tuple[str, int, list[int], int, int]]:
+    """The tensors to hand the core: those under ``prefix``, or those a stage ``(l0, l1, n_layer)``
+    may bind (its layers; the embedding, needed by the first stage and the MTP block; the output
+    head and MTP block on the last), so a stage cannot touch another stage's weights."""
+    def wanted(name: str) -> bool:
+        if prefix is not None:
+            return name.startswith(prefix)
+        if stage is None:
+            return True
+        l0, l1, n_layer = stage
+        if name.startswith("blk."):
+            il = int(name.split(".", 2)[1])
+            return l0 <= il < l1
+        if name.startswith("token_embd."):
+            return l0 == 0 or l1 == n_layer
+        return l1 == n_layer   # output*, mtp.*
     return [(t.name, int(t.type), [int(d) for d in t.dims], int(t.offset), int(t.nbytes))
-            for t in info.tensors.values() if prefix is None or t.name.startswith(prefix)]
+            for t in info.tensors.values() if wanted(t.name)]
 
 
 def _shape_dict(shape: ModelShape) -> dict[str, Any]:
@@ -52,10 +68,16 @@ class Engine:
     ``mtp_path`` names a separate GGUF with the ``mtp.0.*`` block (MTP tensors inside the main file
     are used automatically). ``prefill_chunk`` caps tokens per prefill chunk (default: 4096 when a
     prompt is longer than that); chunking never changes results.
+
+    ``layers=(l0, l1)`` opens one pipeline stage: only the tensors of layers ``l0 <= il < l1`` are
+    bound (plus the embedding on the first stage, the output head and MTP block on the last), so
+    only their pages of the file are ever read. A stage has no :meth:`session`; chain stages with
+    :class:`ds4.stages.Pipeline` (or across machines, :class:`ds4.distributed.PipelineEngine`).
     """
 
     def __init__(self, path: str | os.PathLike[str], backend: str = "cpu", threads: int | None = None,
-                 mtp_path: str | os.PathLike[str] | None = None, prefill_chunk: int | None = None) -> None:
+                 mtp_path: str | os.PathLike[str] | None = None, prefill_chunk: int | None = None,
+                 layers: tuple[int, int] | None = None) -> None:
         from . import _core
         from .inspection import inspect
 
@@ -70,11 +92,20 @@ class Engine:
         self.info.check_supported()
         assert self.info.shape is not None
         self.shape: ModelShape = self.info.shape
+        n_layer = self.shape.n_layer
+        l0, l1 = (0, n_layer) if layers is None else (check_int(layers[0], "layers[0]"), check_int(layers[1], "layers[1]"))
+        if not 0 <= l0 < l1 <= n_layer:
+            raise InvalidArgumentError(f"layers=({l0}, {l1}) is not a non-empty range of the model's {n_layer} layers")
+        self.layers: tuple[int, int] = (l0, l1)
+        last = l1 == n_layer
         with _naming(self.path):
-            self._model = _core.Model(str(self.path), _shape_dict(self.shape), _tensor_table(self.info),
-                                      int(threads or 0), int(prefill_chunk or 0))
+            self._model = _core.Model(str(self.path), _shape_dict(self.shape),
+                                      _tensor_table(self.info, stage=(l0, l1, n_layer)),
+                                      int(threads or 0), int(prefill_chunk or 0), l0, l1)
         self.mtp_path: Path | None = None
-        if mtp_path is not None:
+        if not last:
+            pass  # the MTP block runs after the output head, on the last stage
+        elif mtp_path is not None:
             # Only the mtp.0.* tensors are used; the C++ binder checks their types, dims and bounds.
             tensors = [t for t in _raw_tensor_table(Path(mtp_path)) if t[0].startswith(_MTP_PREFIX)]
             if not tensors:
@@ -98,6 +129,11 @@ class Engine:
         return bool(self._model.has_mtp)
 
     @property
+    def is_stage(self) -> bool:
+        """True when this engine runs only part of the layers (a pipeline stage)."""
+        return self.layers != (0, self.shape.n_layer)
+
+    @property
     def threads(self) -> int:
         return int(self._model.threads)
 
@@ -118,7 +154,15 @@ class Engine:
     def session(self, ctx: int = 32768) -> "Session":
         """A new, empty inference timeline with room for ``ctx`` tokens."""
         from .session import Session
+        if self.is_stage:
+            raise InvalidArgumentError(f"this engine runs only layers {self.layers} of {self.shape.n_layer}: "
+                                       "chain it with the other stages (ds4.stages.Pipeline)")
         return Session(self, ctx)
+
+    def _core_session(self, ctx: int) -> Any:
+        """The compiled timeline behind a :class:`~ds4.session.Session` (a pipeline supplies its own)."""
+        from . import _core
+        return _core.Session(self._model, int(ctx))
 
     def load_session(self, path: str | os.PathLike[str], ctx: int | None = None) -> "Session":
         """A session restored from a payload file written by :meth:`Session.save`.
@@ -175,7 +219,8 @@ class Engine:
         return generate(self, *args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"Engine({str(self.path)!r}, variant={self.info.variant!r}, threads={self.threads})"
+        stage = f", layers={self.layers}" if self.is_stage else ""
+        return f"Engine({str(self.path)!r}, variant={self.info.variant!r}, threads={self.threads}{stage})"
 
 
 @contextmanager

@@ -41,6 +41,8 @@ __all__ = [
     "check_payload_fits",
     "default_prefill_cap",
     "synthetic_payload",
+    "split_payload",
+    "merge_payloads",
 ]
 
 PAYLOAD_MAGIC = 0x34565344  # bytes "DSV4" read as a little-endian u32
@@ -326,3 +328,63 @@ def synthetic_payload(
             parts.append(floats(index_state_bytes(ratio, indexer_head_dim) // _F32))
             parts.append(floats(index_state_bytes(ratio, indexer_head_dim) // _F32))
     return b"".join(parts)
+
+
+def _layer_spans(info: PayloadInfo) -> list[tuple[int, int]]:
+    """``(start, end)`` byte offsets of each layer's tensors (all of its sections, in file order)."""
+    spans: list[list[int]] = [[0, 0] for _ in info.ratios]
+    for name, off, n in payload_sections(info):
+        if name.startswith("layer"):
+            il = int(name[5:name.index(".")])
+            if name.endswith(".raw"):
+                spans[il][0] = off
+            spans[il][1] = off + n
+    return [(a, b) for a, b in spans]
+
+
+def split_payload(data: bytes | memoryview, ratios: Sequence[int], ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    """Cut a whole-model payload into one payload per pipeline stage.
+
+    Stage ``k`` of layers ``ranges[k] = (l0, l1)`` gets a payload of the same format whose header
+    says ``l1 - l0`` layers: the same tokens and logits, the row counts and tensors of its layers.
+    :func:`merge_payloads` is the inverse (byte for byte). Validates ``data`` first
+    (:class:`~ds4.errors.CacheFormatError`), so nothing is cut from a bad file.
+    """
+    info = read_payload_info(data, ratios)
+    h = info.header
+    view = memoryview(data)
+    head_end = PAYLOAD_HEADER_BYTES + _U32 * h.tokens + _F32 * h.n_vocab
+    tokens_logits = bytes(view[PAYLOAD_HEADER_BYTES:head_end])
+    spans = _layer_spans(info)
+    parts = []
+    for l0, l1 in ranges:
+        sub = PayloadHeader(**{**{f.name: getattr(h, f.name) for f in fields(h)}, "n_layer": l1 - l0})
+        counts = struct.pack(f"<{2 * (l1 - l0)}I", *info.n_comp[l0:l1], *info.n_index_comp[l0:l1])
+        parts.append(b"".join([sub.pack(), tokens_logits, counts, bytes(view[spans[l0][0]:spans[l1 - 1][1]])]))
+    return parts
+
+
+def merge_payloads(parts: Sequence[bytes | memoryview], ratios: Sequence[int],
+                   ranges: Sequence[tuple[int, int]]) -> bytes:
+    """Join the payloads of chained stages (each over its ``ranges[k]`` layers of a model with
+    compress ``ratios``) into the payload one engine over all layers writes. The tokens and the
+    header must agree between stages; the logits are the last stage's."""
+    infos = [read_payload_info(p, ratios[l0:l1]) for p, (l0, l1) in zip(parts, ranges)]
+    if len(infos) != len(ranges) or not infos:
+        raise CacheFormatError(f"{len(parts)} stage payloads for {len(ranges)} stages")
+    first, last = infos[0].header, infos[-1].header
+    head_end = PAYLOAD_HEADER_BYTES + _U32 * first.tokens
+    for k, (info, p) in enumerate(zip(infos, parts)):
+        h = info.header
+        same = [getattr(h, f.name) == getattr(first, f.name) for f in fields(h) if f.name != "n_layer"]
+        if not all(same) or bytes(memoryview(p)[PAYLOAD_HEADER_BYTES:head_end]) != bytes(memoryview(parts[0])[PAYLOAD_HEADER_BYTES:head_end]):
+            raise CacheFormatError(f"stage {k} payload disagrees with stage 0 on its header or tokens: "
+                                   "the stages are out of step")
+    whole = PayloadHeader(**{**{f.name: getattr(last, f.name) for f in fields(last)}, "n_layer": len(ratios)})
+    out = [whole.pack(), bytes(memoryview(parts[-1])[PAYLOAD_HEADER_BYTES:head_end + _F32 * last.n_vocab])]
+    out += [struct.pack(f"<{len(i.n_comp)}I", *i.n_comp) for i in infos]
+    out += [struct.pack(f"<{len(i.n_index_comp)}I", *i.n_index_comp) for i in infos]
+    for info, p in zip(infos, parts):
+        spans = _layer_spans(info)
+        out.append(bytes(memoryview(p)[spans[0][0]:spans[-1][1]]))
+    return b"".join(out)

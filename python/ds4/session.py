@@ -61,10 +61,11 @@ class Session:
     """
 
     def __init__(self, engine: "Engine", ctx: int = 32768) -> None:
-        from . import _core
         ctx = check_int(ctx, "ctx", 2, MAX_CTX)
         self.engine = engine
-        self._s = _core.Session(engine._model, ctx)
+        # The compiled session of a local engine, or a pipeline's chain of stages (same methods).
+        self._s = engine._core_session(ctx)
+        self._native = type(self._s).__module__ == "ds4._core"
         self._logits: np.ndarray | None = None
 
     # ---- timeline ---------------------------------------------------------------------------
@@ -88,15 +89,17 @@ class Session:
         If the current tokens are a prefix of ``tokens`` only the suffix is evaluated, otherwise
         the state is rebuilt. ``progress(done, total)`` is called after each prefill chunk.
         """
+        if not self._native:   # the compiled session checks each id itself, without a Python loop
+            tokens = [check_int(t, "token") for t in tokens]
         self._s.sync(tokens, progress)
 
     def eval(self, token: int) -> None:
         """Append one token and refresh the logits (ContextOverflowError when ctx is full)."""
-        self._s.eval(token)
+        self._s.eval(check_int(token, "token"))
 
     def rewind(self, pos: int) -> None:
         """Truncate the timeline to its first ``pos`` tokens (the state is rebuilt on next use)."""
-        self._s.rewind(pos)
+        self._s.rewind(check_int(pos, "rewind position"))
 
     def reset(self) -> None:
         """Drop everything: an empty timeline."""
