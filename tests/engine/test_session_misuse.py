@@ -137,6 +137,16 @@ def slow_engine(tmp_path_factory):
     return _slow_prefill_engine(tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def full_prefill_seconds(slow_engine) -> float:
+    """How long the uninterrupted 4096-token prefill takes on this machine right now (4.2 s on 2
+    quiet cores): without the in-chunk poll, an interrupt would wait for all of it."""
+    s = slow_engine.session(ctx=4200)
+    t0 = time.perf_counter()
+    s.sync(_tokens(4096, 5))
+    return time.perf_counter() - t0
+
+
 def _timed_interrupt(s, tokens, interrupt, delay: float) -> tuple[BaseException | None, float, float]:
     """Runs s.sync(tokens) in this thread, calls interrupt() after delay seconds from another;
     returns (exception, seconds from interrupt to return, total seconds)."""
@@ -161,7 +171,7 @@ def _timed_interrupt(s, tokens, interrupt, delay: float) -> tuple[BaseException 
 
 
 @pytest.mark.parametrize("how", ["cancel", "sigint"])
-def test_interrupt_lands_inside_a_4096_token_chunk(slow_engine, how: str) -> None:
+def test_interrupt_lands_inside_a_4096_token_chunk(slow_engine, full_prefill_seconds, how: str) -> None:
     s = slow_engine.session(ctx=4200)
     toks = _tokens(4096, 5)
     assert slow_engine._model.chunk_for(4096) == 4096  # one chunk: the case the layer poll exists for
@@ -171,10 +181,13 @@ def test_interrupt_lands_inside_a_4096_token_chunk(slow_engine, how: str) -> Non
     else:
         exc, latency, total = _timed_interrupt(s, toks, lambda: os.kill(os.getpid(), signal.SIGINT), 0.3)
         assert isinstance(exc, KeyboardInterrupt), exc
-    # Measured on 2 loaded cores: the whole prefill takes several seconds, the interrupt lands in
-    # ~0.05 s (the signal poll runs every 50 ms between layers / 64-token groups). 0.5 s is the
-    # "fraction of a second" the issue asks for, with room for a loaded CI machine.
-    assert latency < 0.5, (latency, total)
+    # Measured on 2 quiet cores: the whole prefill takes 4.2 s, the interrupt lands in < 0.07 s
+    # (the poll runs between layers, MoE token groups and every 64 attention tokens; signals are
+    # checked every 50 ms). The longest stretch without a poll is one layer's batched projections.
+    # On a loaded machine everything slows down together, so the bound scales with the measured
+    # prefill: a tenth of it (0.42 s quiet), or 0.5 s whichever is larger. Without the in-chunk poll
+    # the latency is the rest of the prefill (~90 % of it).
+    assert latency < max(0.5, 0.1 * full_prefill_seconds), (latency, total, full_prefill_seconds)
     # Consistent: nothing of the unfinished chunk is live, and the session works afterwards.
     assert s.pos == 0 and s.tokens == []
     s.sync(toks[:40])
