@@ -177,8 +177,14 @@ class Session:
         return int(self._s.payload_size())
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the payload to ``path`` atomically (unique temp file in the same folder, fsync, rename)."""
-        write_atomic(Path(path), [self.save_payload()])
+        """Write the payload to ``path`` atomically (unique temp file in the same folder, fsync, rename).
+
+        Raises :class:`~ds4.errors.Ds4IOError` naming the file if the OS refuses; no temp file is left."""
+        from .errors import Ds4IOError
+        try:
+            write_atomic(Path(path), [self.save_payload()])
+        except OSError as e:
+            raise Ds4IOError(f"{path}: cannot write session file: {e.strerror or e}") from e
 
     @property
     def kv_bytes(self) -> int:
