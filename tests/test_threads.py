@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 import ds4._core as core
 from ds4.errors import InvalidArgumentError
+from _installed import installed_env
 from test_quant_blocks import WEIGHT_TYPES, activation, block_size, random_weights
 
 
@@ -61,7 +62,7 @@ def _check_thread_counts(qtype):
 
 def test_default_threads_and_env_override():
     code = "import ds4._core as c; print(c.threads(), c.default_threads())"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env = installed_env()   # the installed package, not the source tree
     env.pop("DS4_THREADS", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert int(out[0]) == int(out[1]) >= 1
