@@ -1,28 +1,21 @@
-"""The environment for a child Python process that must use ds4 as users do: the installed package.
+"""The environment for a child Python process that must import ds4 from where this test process
+imported it: the installed package (or, in the documented no-install workflow, the in-place build
+the developer put on PYTHONPATH themselves).
 
-Tests that start ``python -m ds4.cli ...`` or ``python -c "import ds4._core"`` must not put the
+Tests that start ``python -m ds4.cli ...`` or ``python -c "import ds4._core"`` used to put the
 source tree first on PYTHONPATH: with a regular (non-editable) install, ``python/ds4`` has no
-compiled core and would shadow the installed package, and the test would check the tree instead
-of what was installed. This drops every PYTHONPATH entry inside the repository.
+compiled core and shadows the installed package, so the test checked the tree rather than what
+was installed. The child now inherits the environment unchanged; the test below proves the child
+sees the same ds4 as the parent.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def installed_env(**extra: str) -> dict[str, str]:
-    """``os.environ`` without PYTHONPATH entries inside this repository, plus ``extra``."""
+    """``os.environ`` (PYTHONPATH as the user set it, nothing added) plus ``extra``."""
     env = dict(os.environ)
-    root = str(ROOT)
-    keep = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-            if p and not os.path.abspath(p).startswith(root)]
-    if keep:
-        env["PYTHONPATH"] = os.pathsep.join(keep)
-    else:
-        env.pop("PYTHONPATH", None)
     env.update(extra)
     return env

@@ -131,3 +131,15 @@ def test_resizing_while_other_threads_compute(restore_threads):
     for t in workers:
         t.join()
     assert not errors, errors[0]
+
+
+def test_child_processes_import_the_same_ds4() -> None:
+    # tests/_installed.py: subprocess tests check the package this process imported (the installed
+    # one), not a source tree prepended to PYTHONPATH.
+    import ds4
+    from _installed import installed_env
+
+    code = "import ds4, ds4._core; print(ds4.__file__); print(ds4._core.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=installed_env(), capture_output=True, text=True,
+                         check=True, cwd="/").stdout.split("\n")
+    assert out[0] == ds4.__file__ and out[1] == core.__file__
