@@ -3,7 +3,7 @@ tiny synthetic model, and ``ds4 generate`` / ``ds4 chat --kv-cache-dir`` across 
 
 The cache knobs are lowered (min 32 tokens, align 16, trim 8, continued every 64) so prompts of a
 few hundred tokens exercise every store kind; expected store positions are computed here by hand
-from the policy of RUNTIME.md §7.3-7.4, not by the cache's own helpers.
+from the policy of docs/runtime.md §7.3-7.4, not by the cache's own helpers.
 """
 
 from __future__ import annotations

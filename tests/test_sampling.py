@@ -1,5 +1,5 @@
 """Sampling tests: RNG against values printed by a C program, choices against a scalar reference
-written from RUNTIME.md §3 (loops over float32 scalars), filters' support and seeded chi-square
+written from docs/runtime.md §3 (loops over float32 scalars), filters' support and seeded chi-square
 frequency tests."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_rng_matches_c(seed):
     assert [F(u) for u in got] == [F(x) for x in floats]
 
 
-# ---- scalar reference (RUNTIME.md §3.1-3.3, one token at a time) --------------------------------
+# ---- scalar reference (docs/runtime.md §3.1-3.3, one token at a time) --------------------------------
 
 
 def _seq_sum(xs):

@@ -1,4 +1,4 @@
-// Output head (MODEL.md §3.11): collapse the HC streams with sigmoid weights (no Sinkhorn),
+// Output head (docs/model.md §3.11): collapse the HC streams with sigmoid weights (no Sinkhorn),
 // RMSNorm, then the vocabulary projection. Also serves the MTP head with its own weights.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The per-session KV state of every layer (RUNTIME.md §5.1). The raw sliding window is a ring of
+// The per-session KV state of every layer (docs/runtime.md §5.1). The raw sliding window is a ring of
 // raw_cap rows (read oldest first through raw_row()); compressed rows and compressor frontiers are
 // laid out exactly as the DSV4 session payload serialises them.
 #pragma once
@@ -65,7 +65,7 @@ struct KvState {
     void push_index_comp(int il, const float* row);
 
     // After a prefill of n_tokens total tokens: reset frontier rows not yet written by the
-    // current window to their initial fill (RUNTIME.md §5.1; no numerical effect, keeps saved
+    // current window to their initial fill (docs/runtime.md §5.1; no numerical effect, keeps saved
     // payloads byte-comparable with upstream).
     void finish_prefill(int64_t n_tokens);
 

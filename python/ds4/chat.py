@@ -1,4 +1,4 @@
-"""DeepSeek V4 chat rendering, byte-for-byte as upstream (RUNTIME.md §2).
+"""DeepSeek V4 chat rendering, byte-for-byte as upstream (docs/runtime.md §2).
 
 Two renderers, as upstream has:
 
@@ -160,7 +160,7 @@ def think_mode_for_context(think: str | bool | None, ctx: int | None) -> str:
 
 def content_text(value: Any) -> str:
     """A message's text from its ``content`` as clients send it: a string, None, or a list of
-    strings / ``{"text": ...}`` parts (concatenated; other parts ignored) (RUNTIME.md §9.3)."""
+    strings / ``{"text": ...}`` parts (concatenated; other parts ignored) (docs/runtime.md §9.3)."""
     if value is None:
         return ""
     if isinstance(value, str):
@@ -474,7 +474,7 @@ def encode_chat_prompt(
     return append_assistant_prefix(tokenizer, tokens, mode)
 
 
-# ---- DSML tool-call parsing (model output, RUNTIME.md §8.2) ----------------------------------------
+# ---- DSML tool-call parsing (model output, docs/runtime.md §8.2) ----------------------------------------
 
 TOOL_SYNTAXES = (
     # the tags of a tool block (block open/close, invoke open/close, parameter open/close) in the
@@ -721,7 +721,7 @@ def parse_generated(text: str, thinking: bool) -> ParsedMessage:
     return ParsedMessage(content, reasoning, tuple(calls), text[start:end])
 
 
-# ---- streaming DSML recognizer (drives the greedy rule, RUNTIME.md §8.3) ---------------------------
+# ---- streaming DSML recognizer (drives the greedy rule, docs/runtime.md §8.3) ---------------------------
 
 _SYNTAXES = TOOL_SYNTAXES
 _MAX_START = max(len(s[0]) for s in _SYNTAXES)

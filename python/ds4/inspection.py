@@ -33,7 +33,7 @@ _SPECIAL_TOKENS = {
 }
 _OFFICIAL = {"flash": FLASH, "pro": PRO}
 # Pro's float hyper-parameters other than the expert weight scale are not pinned by our source
-# (MODEL.md §1.2 "?"), so only these are checked exactly for Pro.
+# (docs/model.md §1.2 "?"), so only these are checked exactly for Pro.
 _PRO_CHECKED_FLOATS = ("expert_weights_scale",)
 
 
@@ -303,7 +303,7 @@ def _f32_close(found: float, expected: float) -> bool:
 
 def read_shape(h: GGUFHeader) -> ModelShape:
     """The :class:`ModelShape` a ``deepseek4`` header declares, with every key's GGUF type checked
-    (MODEL.md §1.1: UINT32 exactly for integers, F32/F64/U32/I32 for floats, BOOL, arrays per
+    (docs/model.md §1.1: UINT32 exactly for integers, F32/F64/U32/I32 for floats, BOOL, arrays per
     entry). Raises ModelFormatError listing every problem."""
     pb = _Problems(h.path)
     shape = _read_shape(h, pb)

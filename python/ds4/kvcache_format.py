@@ -1,6 +1,6 @@
 """Byte layout of a disk KV cache file (``<sha1>.kv``), byte-compatible with upstream ds4.
 
-RUNTIME.md §7.1. A file is::
+docs/runtime.md §7.1. A file is::
 
     [48-byte KVC header][u32 text_bytes][cache text][DSV4 session payload][optional KTM trailer]
 

@@ -1,4 +1,4 @@
-"""The DS4 tensor inventory (MODEL.md §2) as data, derived from a :class:`~ds4.shape.ModelShape`.
+"""The DS4 tensor inventory (docs/model.md §2) as data, derived from a :class:`~ds4.shape.ModelShape`.
 
 One list of :class:`TensorSpec` serves both the synthetic-model writer (``ds4.testing``) and the
 validator (``ds4.inspection``), so the two can never disagree about a name, a dimension or a type.
@@ -105,7 +105,7 @@ def _attention_ffn_common(p: str, s: ModelShape, experts: ExpertMix | None,
 
 
 def layer_tensor_specs(s: ModelShape, il: int, experts: ExpertMix | None = None) -> list[TensorSpec]:
-    """Tensors of layer ``il`` (MODEL.md §2.2), conditional ones included where they apply."""
+    """Tensors of layer ``il`` (docs/model.md §2.2), conditional ones included where they apply."""
     T = TensorSpec
     p = f"blk.{il}"
     specs = _attention_ffn_common(p, s, experts, (F16,))
@@ -136,7 +136,7 @@ def layer_tensor_specs(s: ModelShape, il: int, experts: ExpertMix | None = None)
 
 
 def tensor_specs(s: ModelShape, experts: ExpertMix | None = None) -> list[TensorSpec]:
-    """Every tensor of the main model (MODEL.md §2.1-§2.2), in file order.
+    """Every tensor of the main model (docs/model.md §2.1-§2.2), in file order.
 
     With ``experts=None`` the routed-expert specs accept any routed type (validation); with
     ``"q2"``/``"q4"`` they name exactly the mix's types (writing).
@@ -156,7 +156,7 @@ def tensor_specs(s: ModelShape, experts: ExpertMix | None = None) -> list[Tensor
 
 
 def mtp_tensor_specs(s: ModelShape, experts: ExpertMix | None = None) -> list[TensorSpec]:
-    """The ``mtp.0.*`` block (MODEL.md §2.3). "plain" tensors accept F16 or F32 (F16 written)."""
+    """The ``mtp.0.*`` block (docs/model.md §2.3). "plain" tensors accept F16 or F32 (F16 written)."""
     T = TensorSpec
     plain = (F16, F32)
     p = "mtp.0"

@@ -1,4 +1,4 @@
-"""Pure-Python reader and validator of the DSV4 session payload (RUNTIME.md §6.1-6.2).
+"""Pure-Python reader and validator of the DSV4 session payload (docs/runtime.md §6.1-6.2).
 
 The payload is what ``Session.save_payload()`` returns and what a ``.kv`` cache file carries after
 its text section: 13 little-endian u32 header fields, the checkpoint tokens, the next-token logits,
@@ -99,7 +99,7 @@ class PayloadInfo:
 
 
 def _coff(ratio: int) -> int:
-    # Ratio-4 compressors keep two overlapping windows (MODEL.md; RUNTIME.md §5.1).
+    # Ratio-4 compressors keep two overlapping windows (docs/model.md; docs/runtime.md §5.1).
     return 2 if ratio == 4 else 1
 
 
@@ -264,7 +264,7 @@ def payload_sections(info: PayloadInfo) -> list[tuple[str, int, int]]:
 
 
 def default_prefill_cap(ctx: int) -> int:
-    """Upstream's default prefill chunk for a session of ``ctx`` tokens (RUNTIME.md §5.2)."""
+    """Upstream's default prefill chunk for a session of ``ctx`` tokens (docs/runtime.md §5.2)."""
     return ctx if ctx <= 2048 else 2048
 
 
@@ -291,7 +291,7 @@ def synthetic_payload(
 ) -> bytes:
     """A structurally valid payload with deterministic pseudo-random tensor bytes.
 
-    Row counts follow a cold prefill of ``tokens`` (``n_comp = T // ratio``; RUNTIME.md §6.1). For
+    Row counts follow a cold prefill of ``tokens`` (``n_comp = T // ratio``; docs/runtime.md §6.1). For
     tests and benchmarks of the cache layer that must not depend on the engine.
     """
     import numpy as np

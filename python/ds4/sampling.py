@@ -1,4 +1,4 @@
-"""Token sampling with upstream's exact filter order and RNG (RUNTIME.md §3), vectorised in numpy.
+"""Token sampling with upstream's exact filter order and RNG (docs/runtime.md §3), vectorised in numpy.
 
 Parameters are normalised and applied in upstream's order: ``temperature <= 0`` -> argmax;
 ``top_p`` outside (0, 1] -> 1; ``min_p < 0`` -> 0; ``top_k <= 0`` -> full-vocabulary path, else the
@@ -80,7 +80,7 @@ class SamplingParams:
 
 
 def thinking_policy(params: SamplingParams, think: str) -> SamplingParams:
-    """Upstream's server rule (RUNTIME.md §3.7): in thinking mode ('high'/'max') the client's knobs
+    """Upstream's server rule (docs/runtime.md §3.7): in thinking mode ('high'/'max') the client's knobs
     are ignored and T=1, top_k=0, top_p=1, min_p=0.05 are used, as the official API does."""
     if think in ("high", "max"):
         return SamplingParams(DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, DEFAULT_MIN_P)

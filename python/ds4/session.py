@@ -152,7 +152,7 @@ class Session:
         self.load_payload(snap.payload)
 
     def save_payload(self) -> bytes:
-        """The DSV4 session payload (RUNTIME.md §6.1), byte-compatible with upstream."""
+        """The DSV4 session payload (docs/runtime.md §6.1), byte-compatible with upstream."""
         return self._s.save_payload()
 
     def load_payload(self, data: bytes | bytearray | memoryview) -> None:
@@ -195,7 +195,7 @@ class Session:
     def mtp_logits(self) -> np.ndarray:
         """MTP draft logits (float32 copy, vocab) for the token after the next one.
 
-        One MTP step (MODEL.md §3.12) from the last evaluated token and its final hidden state, run
+        One MTP step (docs/model.md §3.12) from the last evaluated token and its final hidden state, run
         once per position on first request; the MTP block's own 128-token window gets a row per
         step taken, so call it after every eval when drafting continuously.
         """

@@ -129,7 +129,7 @@ def test_payload_matches_python_reader(tiny_engine) -> None:
     info = read_payload_info(blob, sh.compress_ratios, head_dim=sh.head_dim,
                              indexer_head_dim=sh.indexer_head_dim, n_vocab=sh.n_vocab)
     assert info.nbytes == len(blob) == s.payload_size()
-    # Row counts after T tokens: floor(T / ratio) (RUNTIME.md §6.1).
+    # Row counts after T tokens: floor(T / ratio) (docs/runtime.md §6.1).
     assert info.n_comp == tuple(0 if r == 0 else 150 // r for r in sh.compress_ratios)
 
 
@@ -211,7 +211,7 @@ def test_logits_are_a_readonly_view(tiny_engine) -> None:
 
 
 def test_payload_from_smaller_ctx_loads_when_layout_matches(tiny_engine) -> None:
-    # ctx >= 2048 all share the 2048 chunk tag and 128-row window (RUNTIME.md §6.2 step 5), so a
+    # ctx >= 2048 all share the 2048 chunk tag and 128-row window (docs/runtime.md §6.2 step 5), so a
     # ctx-2048 payload loads into a ctx-4096 session and continues bit-identically.
     toks = _tokens(60, 13)
     small = tiny_engine.session(ctx=2048)
