@@ -252,7 +252,7 @@ void init_session(py::module_& m) {
              },
              py::arg("data"))
         .def("payload_size", [](PySession& p) { Use u(p, "payload_size", Use::ReadOnly); return p.s->payload_size(); })
-        .def_property_readonly("kv_bytes", [](PySession& p) { return p.s->kv_allocated_bytes(); })
+        .def_property_readonly("kv_bytes", [](PySession& p) { Use u(p, "kv_bytes", Use::ReadOnly); return p.s->kv_allocated_bytes(); })
         .def("mtp_logits",
              [](PySession& p) {
                  Use u(p, "mtp_logits", Use::Mutating);
