@@ -17,6 +17,7 @@
 #include <cmath>
 #include <thread>
 
+#include "bindings/buffers.h"
 #include "common/errors.h"
 #include "engine/cancel.h"
 #include "session/session.h"
@@ -237,18 +238,10 @@ void init_session(py::module_& m) {
              })
         .def("load_payload",
              [](PySession& p, const py::buffer& data) {
-                 // The core reads one flat byte range: refuse views whose bytes are not contiguous
-                 // (a reversed or strided view would otherwise be read past its end).
-                 py::buffer_info info = data.request();
-                 if (!PyBuffer_IsContiguous(info.view(), 'C')) {
-                     ds4::fail(ds4::ErrorKind::InvalidArgument,
-                               "session payload must be a contiguous buffer (bytes, bytearray or a C-contiguous view)");
-                 }
-                 const uint8_t* ptr = static_cast<const uint8_t*>(info.ptr);
-                 const size_t n = (size_t)(info.size * info.itemsize);
+                 const ds4_bindings::ByteRange bytes = ds4_bindings::contiguous_bytes(data, "session payload");
                  Use u(p, "load_payload", Use::Mutating);
                  py::gil_scoped_release nogil;
-                 p.s->load_payload(ptr, n);
+                 p.s->load_payload(bytes.ptr, bytes.size);
              },
              py::arg("data"))
         .def("payload_size", [](PySession& p) { Use u(p, "payload_size", Use::ReadOnly); return p.s->payload_size(); })

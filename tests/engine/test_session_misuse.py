@@ -244,3 +244,17 @@ def test_session_ctx_is_checked(tiny_engine, ctx) -> None:
 def test_engine_arguments_are_checked(tiny_path, kw) -> None:
     with pytest.raises(InvalidArgumentError, match=next(iter(kw))):
         ds4.Engine(tiny_path, **kw)
+
+
+def test_stage_session_refuses_strided_payload_views(tiny_engine) -> None:
+    # The core reads a payload as one flat range: a reversed view once read past its own bytes.
+    from ds4 import _core
+
+    s = tiny_engine.session(ctx=64)
+    s.sync([1, 2, 3])
+    blob = s.save_payload()
+    stage = _core.StageSession(tiny_engine._model, 64)
+    with pytest.raises(InvalidArgumentError, match="contiguous"):
+        stage.load_payload(memoryview(blob)[::-1])
+    stage.load_payload(memoryview(blob))   # a contiguous view of the same bytes loads
+    assert stage.pos == 3
