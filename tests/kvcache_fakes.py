@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 from ds4.errors import CacheFormatError, ContextOverflowError
 from ds4.payload import check_payload_fits, default_prefill_cap, read_payload_info, synthetic_payload
+from ds4.session import common_prefix_len
 
 USER = "<｜User｜>"
 ASSISTANT = "<｜Assistant｜>"
@@ -91,6 +92,9 @@ class FakeSession:
         else:
             self.evaluated += len(tokens)
         self._tokens = tokens
+
+    def common_prefix(self, tokens):  # Session.common_prefix
+        return common_prefix_len(self.tokens, tokens)
 
     def eval(self, token: int) -> None:
         self._tokens.append(int(token))

@@ -15,6 +15,8 @@ from ds4.errors import ContextOverflowError, InvalidArgumentError
 from ds4.generation import FinishEvent, TokenEvent, build_prompt, generate
 from ds4.tokenizer import Tokenizer, byte_to_unicode
 from test_tokenizer_fixtures import tiny_vocab
+from ds4.session import common_prefix_len
+from server_fakes import scripted_logits
 
 
 class FakeSession:
@@ -41,6 +43,9 @@ class FakeSession:
             self.eval(t)
         self.base = len(tokens)
 
+    def common_prefix(self, tokens):  # Session.common_prefix
+        return common_prefix_len(self.tokens, tokens)
+
     def eval(self, token):
         if len(self.tokens) >= self.ctx:
             raise ContextOverflowError("context full")
@@ -49,12 +54,7 @@ class FakeSession:
 
     @property
     def logits(self):
-        i = len(self.tokens) - self.base
-        script = self.engine.script
-        nxt = script[i] if i < len(script) else self.engine.tokenizer.eos
-        out = np.full(self.engine.tokenizer.n_vocab, -20.0, dtype=np.float32)
-        out[nxt] = 20.0
-        return out
+        return scripted_logits(self.engine, len(self.tokens) - self.base)
 
 
 class FakeEngine:

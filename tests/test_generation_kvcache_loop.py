@@ -1,6 +1,6 @@
 """The generation loop's incremental pieces against naive whole-text oracles.
 
-``_StopMatcher`` keeps only the held-back text and ``_ToolBlockWatch`` scans only new text, so a
+``StopMatcher`` keeps only the held-back text and ``ToolBlockWatch`` scans only new text (ds4.decoding), so a
 token costs the same at any length (bench/generation.py); these properties check that they give
 exactly the answers of rescanning the whole text after every token.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ds4.generation import _BLOCK_MARKERS, _StopMatcher, _ToolBlockWatch
+from ds4.decoding import BLOCK_MARKERS as _BLOCK_MARKERS, StopMatcher as _StopMatcher, ToolBlockWatch as _ToolBlockWatch
 
 ALPHABET = st.sampled_from(list("abc<>/|\n") + ["é", "｜"])
 PIECE = st.lists(ALPHABET, max_size=4).map("".join)

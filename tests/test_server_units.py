@@ -6,26 +6,21 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ds4.chat import ToolCall, render
-from ds4.errors import ContextOverflowError
+from ds4.decoding import StopMatcher, ToolBlockWatch
 from ds4.server import Job, RequestError, Sink, ToolMemory, Worker, parse_anthropic, parse_chat, parse_completion
 from ds4.server.streams import AnthropicStream, OpenAIChatStream
 from ds4.server.textscan import (
     ThinkingTracker,
-    find_stop,
-    observe_tool_markers,
-    stop_safe_len,
     text_safe_limit,
     utf8_safe_len,
 )
 from ds4.server import shapes
-from ds4.tokenizer import Tokenizer
-from test_tokenizer_fixtures import tiny_vocab
+from server_fakes import ScriptEngine, script_tokenizer
 
 TC = "<｜DSML｜tool_calls>"
 TC_END = "</｜DSML｜tool_calls>"
@@ -33,8 +28,7 @@ TC_END = "</｜DSML｜tool_calls>"
 
 @pytest.fixture(scope="module")
 def tok():
-    tokens, merges, types = tiny_vocab()
-    return Tokenizer(tokens, merges, types)
+    return script_tokenizer()
 
 
 # ---- textscan ----------------------------------------------------------------------------------
@@ -53,19 +47,23 @@ def test_utf8_safe_len_never_splits_a_character(s, data):
     assert utf8_safe_len(raw, 0, limit, final=True) == limit
 
 
-def test_stop_helpers():
-    assert find_stop([b"ab", b"c"], b"xxcab", 0) == (2, 1)  # earliest hit wins
-    assert find_stop([b"ab"], b"ab", 1) is None
-    assert stop_safe_len([b"abc"], 10) == 8 and stop_safe_len([b"a"], 10) == 10 and stop_safe_len([], 3) == 3
-    assert stop_safe_len([b"abcdef"], 2) == 0
+def test_stop_matcher_on_bytes():
+    # the server matches stops on the raw bytes (the same matcher generate uses on text)
+    m = StopMatcher([b"ab", b"c"])
+    assert m.push(b"xxa") == (b"xx", None)  # "a" may begin "ab": held back
+    assert m.push(b"cab") == (b"a", b"c")  # earliest hit wins
+    assert m.released == 3  # the stop starts at byte 3
+    m = StopMatcher([])
+    assert m.push(b"abc") == (b"abc", None) and m.released == 3
 
 
-def test_tool_markers_and_text_limit():
+def test_tool_block_watch_and_text_limit():
     raw = ("Hello \n\n" + TC).encode()
-    assert observe_tool_markers(raw, 0, False, False) == (True, False, False)
-    done = raw + ("x" + TC_END).encode()
-    assert observe_tool_markers(done, 0, False, False) == (True, True, False)
-    assert observe_tool_markers(b"a </tool_calls>", 0, False, False) == (False, False, True)
+    w = ToolBlockWatch(0)
+    assert not w.closed(raw.decode()) and w.opened
+    assert w.closed((raw + ("x" + TC_END).encode()).decode())
+    orphan = ToolBlockWatch(0)
+    assert not orphan.closed("a </tool_calls>") and not orphan.opened  # an end without a start
     # whitespace before a tool marker is never content
     assert text_safe_limit(raw, 0, len(raw), True, False) == len(b"Hello")
     # with tools a trailing '<' (maybe a marker) and trailing whitespace are held back
@@ -101,7 +99,7 @@ def test_parse_chat_defaults_and_knobs(tok):
     assert r.prompt_text == render([{"role": "system", "content": "S"}, {"role": "user", "content": "ab"}],
                                    think="high").text
     assert r.prompt == tok.encode_rendered(r.prompt_text)
-    d = parse_chat(json.dumps({"messages": []}), tok, 4096, default_tokens=5)
+    d = parse_chat(json.dumps({"messages": [{"role": "user", "content": "q"}]}), tok, 4096, default_tokens=5)
     assert (d.temperature, d.top_p, d.min_p, d.top_k, d.seed, d.max_tokens, d.model) == \
         (1.0, 1.0, 0.05, 0, 0, 5, "deepseek-v4-flash")
 
@@ -120,20 +118,24 @@ def test_parse_chat_defaults_and_knobs(tok):
     ({"model": "deepseek-reasoner", "reasoning_effort": "none"}, "none"),
 ])
 def test_thinking_controls(tok, extra, think):
-    assert parse_chat(json.dumps({"messages": [], **extra}), tok, 4096).think == think
+    assert parse_chat(json.dumps({"messages": [{"role": "user", "content": "q"}], **extra}), tok, 4096).think == think
 
 
 def test_think_max_with_large_context(tok):
-    assert parse_chat(json.dumps({"messages": [], "reasoning_effort": "max"}), tok, 393216).think == "max"
+    assert parse_chat(json.dumps({"messages": [{"role": "user", "content": "q"}], "reasoning_effort": "max"}), tok, 393216).think == "max"
 
 
 def test_tools_are_rendered_byte_exact(tok):
     raw_fn = '{ "name" : "get",\n  "parameters": {"type":"object"} }'
     body = '{"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "function", "function": ' + raw_fn + \
-           '}, {"name": "bare"}]}'
+           '}, {"type": "function", "function": {"name": "bare"}}]}'
     r = parse_chat(body, tok, 4096)
     assert r.has_tools
     assert (raw_fn + '\n{"name": "bare"}') in r.prompt_text
+    # a tool that is not a function object is refused by name, as OpenAI does
+    with pytest.raises(RequestError) as e:
+        parse_chat(body.replace('{"type": "function", "function": {"name": "bare"}}', '{"name": "bare"}'), tok, 4096)
+    assert e.value.param == "tools[1]"
     off = parse_chat(body[:-1] + ', "tool_choice": "none"}', tok, 4096)
     assert not off.has_tools and "## Tools" not in off.prompt_text
 
@@ -158,8 +160,9 @@ def test_parse_completion_and_errors(tok):
     r = parse_completion('{"prompt": "hi", "think": false}', tok, 4096)
     assert r.kind == "completion" and r.prompt_text.endswith("hi<｜Assistant｜></think>")
     assert "You are a helpful assistant<｜User｜>" in r.prompt_text
-    for body, msg in [('{"prompt": "x", "max_tokens": "a"}', "invalid JSON request"), ("{}", "missing prompt"),
-                      ('{"prompt": "x", "stop": [1]}', "invalid JSON request")]:
+    for body, msg in [('{"prompt": "x", "max_tokens": "a"}', "max_tokens: expected an integer, got a string"),
+                      ("{}", "missing prompt"),
+                      ('{"prompt": "x", "stop": [1]}', "stop: expected a string or an array of strings")]:
         with pytest.raises(RequestError) as e:
             parse_completion(body, tok, 4096)
         assert e.value.status == 400 and e.value.message == msg
@@ -189,8 +192,10 @@ def test_usage_shapes():
     u = shapes.Usage(prompt=10, cached=4, completion=3)
     assert shapes.openai_usage(u) == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
                                       "prompt_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 6}}
-    assert shapes.anthropic_usage(u) == {"input_tokens": 0, "output_tokens": 3, "cache_read_input_tokens": 4,
-                                         "cache_creation_input_tokens": 6}
+    # Anthropic: input + cache_read + cache_creation is the whole prompt; nothing is written under a
+    # client cache_control breakpoint, so the uncached part is input_tokens
+    assert shapes.anthropic_usage(u) == {"input_tokens": 6, "output_tokens": 3, "cache_read_input_tokens": 4,
+                                         "cache_creation_input_tokens": 0}
     assert shapes.openai_usage(shapes.Usage(5, 9, 0))["prompt_tokens_details"] == {"cached_tokens": 5,
                                                                                    "cache_write_tokens": 0}
 
@@ -273,58 +278,6 @@ def test_anthropic_stream_projection():
 
 
 # ---- worker with a scripted engine -------------------------------------------------------------
-
-
-class ScriptSession:
-    """Session double: after each sync the logits spell out ``engine.script`` token by token."""
-
-    def __init__(self, engine, ctx):
-        self.engine, self.ctx = engine, ctx
-        self.tokens: list[int] = []
-        self.base = 0
-        self.evaluated = 0  # tokens evaluated by sync/eval (what reuse saves)
-
-    @property
-    def pos(self):
-        return len(self.tokens)
-
-    def sync(self, tokens, progress=None):
-        tokens = list(tokens)
-        if not tokens or len(tokens) >= self.ctx:
-            raise ContextOverflowError("prompt exceeds context")
-        if self.tokens != tokens[: len(self.tokens)]:
-            self.tokens = []
-        self.evaluated += len(tokens) - len(self.tokens)
-        self.tokens = tokens
-        self.base = len(tokens)
-
-    def eval(self, token):
-        self.tokens.append(int(token))
-        self.evaluated += 1
-
-    def reset(self):
-        self.tokens, self.base = [], 0
-
-    @property
-    def logits(self):
-        i = len(self.tokens) - self.base
-        script = self.engine.script
-        nxt = script[i] if i < len(script) else self.engine.tokenizer.eos
-        out = np.full(self.engine.tokenizer.n_vocab, -20.0, dtype=np.float32)
-        out[nxt] = 20.0
-        return out
-
-
-class ScriptEngine:
-    def __init__(self, tokenizer, text=""):
-        self.tokenizer = tokenizer
-        self.set(text)
-
-    def set(self, text, eos=True):
-        self.script = self.tokenizer.encode_rendered(text) + ([self.tokenizer.eos] if eos else [])
-
-    def session(self, ctx):
-        return ScriptSession(self, ctx)
 
 
 def _run_job(worker, req):
@@ -595,10 +548,16 @@ def test_responses_parse_items(tok):
     ({"model": "x"}, "missing input"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id is not supported; replay full input instead"),
     ({"input": "x", "conversation": "c"}, "conversation is not supported; replay full input instead"),
-    ({"input": "x", "tool_choice": "required"}, "tool_choice=required not supported"),
-    ({"input": "x", "tool_choice": {"type": "function", "name": "f"}}, "forced tool_choice not supported"),
-    ({"input": [{"type": "message", "role": "user", "content": "x", "status": "in_progress"}]}, "invalid JSON request"),
+    ({"input": "x", "tool_choice": "required"}, "tool_choice: forces a tool call but no tools are given"),
+    ({"input": "x", "tool_choice": {"type": "function", "name": "f"}},
+     "tool_choice: names the tool 'f', which is not in tools"),
+    ({"input": [{"type": "message", "role": "user", "content": "x", "status": "bogus"}]},
+     "input[0].status: unknown item status 'bogus'"),
     ({"input": [{"type": "mystery"}]}, "invalid JSON request"),
+    ({"input": "x", "top_logprobs": 2}, "top_logprobs: logprobs are not returned by /v1/responses "
+                                        "(use /v1/chat/completions)"),
+    ({"input": "x", "text": {"format": {"type": "json_schema"}}},
+     "text.format: only {\"type\": \"text\"} is supported, got 'json_schema'"),
     ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]},
      "Responses continuation state is not available for call_id call_9; retry by replaying the full input history"),
 ])
@@ -688,7 +647,8 @@ def test_parsers_never_crash(tok, body):
         except RequestError as e:
             assert e.status == 400 and e.message
         else:
-            assert r.prompt == tok.encode_rendered(r.prompt_text)
+            if not (parse is parse_completion and isinstance(body.get("prompt"), list)):  # token ids stay as sent
+                assert r.prompt == tok.encode_rendered(r.prompt_text)
             assert r.max_tokens == int(r.max_tokens)
 
 

@@ -67,6 +67,7 @@ from .chat import (
     think_mode_for_context,
 )
 from ._args import check_int
+from .decoding import StopMatcher, TokenPicker, ToolBlockWatch
 from .errors import ContextOverflowError, InvalidArgumentError
 from .sampling import (
     check_sampling_args,
@@ -76,11 +77,7 @@ from .sampling import (
     DEFAULT_TOP_P,
     Rng,
     TokenLogprob,
-    argmax,
-    sample,
     time_seed,
-    token_logprob,
-    top_logprobs,
 )
 
 __all__ = [
@@ -225,56 +222,6 @@ def prompt_text(
                     THINK_START if think_enabled(mode) else THINK_END))
 
 
-class _StopMatcher:
-    """Holds back text that may begin a stop string; finds the earliest complete match.
-
-    Only the held-back text is kept (shorter than the longest stop string): a stop string can only
-    begin inside it, because released text was never a prefix of any stop string. So each push
-    costs O(len(delta) + longest stop), whatever the length of the generation.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self.max_len = max((len(s) for s in self.stops), default=0)
-        self.held = ""  # pushed but not yet released
-        self.length = 0  # characters pushed since the last reset
-
-    @property
-    def released(self) -> int:
-        """Characters released since the last reset (the stop's position after a match)."""
-        return self.length - len(self.held)
-
-    def reset(self) -> str:
-        """Release everything held (channel switch) and start a new text."""
-        out = self.held
-        self.held, self.length = "", 0
-        return out
-
-    def push(self, delta: str) -> tuple[str, str | None]:
-        """Append ``delta``; return (text safe to release now, matched stop string or None)."""
-        self.length += len(delta)
-        if not self.stops:
-            return delta, None
-        text = self.held + delta
-        best, stop = -1, None
-        for s in self.stops:
-            i = text.find(s)
-            if i >= 0 and (best < 0 or i < best):  # earliest hit wins; ties: the first listed
-                best, stop = i, s
-        if stop is not None:
-            self.held = text[best:]
-            return text[:best], stop
-        hold = 0
-        for k in range(min(len(text), self.max_len - 1), 0, -1):
-            tail = text[-k:]
-            if any(s.startswith(tail) for s in self.stops):
-                hold = k
-                break
-        end = len(text) - hold
-        self.held = text[end:]
-        return text[:end], None
-
-
 def _sync(session, tokens: list[int], progress: ProgressFn | None) -> None:
     if progress is not None:
         try:
@@ -318,14 +265,6 @@ def _prepare_cached(kv_cache, engine, session, prompt, messages, tokens, *, syst
         full_tokens=lambda: build_prompt(engine.tokenizer, prompt, messages, system=system, tools=tools,
                                          think=think, ctx=session.ctx, raw=raw),
     )
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def generate(
@@ -402,36 +341,6 @@ def generate(
     return final
 
 
-_BLOCK_MARKERS = (("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"), ("<DSML｜tool_calls>", "</DSML｜tool_calls>"),
-                  ("<tool_calls>", "</tool_calls>"))
-
-
-class _ToolBlockWatch:
-    """Whether a tool-call start marker (any syntax) followed by its end marker occurs in
-    ``text[start:]``, for a text that only grows: each call scans only the new characters (plus a
-    marker's length of overlap), never the whole text again."""
-
-    def __init__(self, start: int) -> None:
-        self.start = start
-        self.scanned = start  # text length at the previous call
-        self.opened = [-1] * len(_BLOCK_MARKERS)  # where each syntax's first start marker ends
-
-    def closed(self, text: str) -> bool:
-        prev, self.scanned = self.scanned, len(text)
-        for i, (open_tag, close_tag) in enumerate(_BLOCK_MARKERS):
-            at = self.opened[i]
-            if at < 0:
-                k = text.find(open_tag, max(self.start, prev - len(open_tag) + 1))
-                if k < 0:
-                    continue
-                at = self.opened[i] = k + len(open_tag)
-                if text.find(close_tag, at) >= 0:
-                    return True
-            elif text.find(close_tag, max(at, prev - len(close_tag) + 1)) >= 0:
-                return True
-        return False
-
-
 def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
          logprobs, progress, dsml, kv_cache=None, plan=None, prepare_seconds=0.0) -> Iterator[GenerationEvent]:
     # Per-token work here is O(1) in the length of the generation: ``raw`` grows in place (a plain
@@ -440,8 +349,8 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     tok = engine.tokenizer
     t0 = time.perf_counter() - prepare_seconds  # a disk load counts as prompt time
     if kv_cache is None:
-        live = list(session.tokens)
-        cached = len(live) if _common_prefix(live, prompt_tokens) == len(live) else 0
+        live = session.pos
+        cached = live if live and session.common_prefix(prompt_tokens) == live else 0
         cache_source = "memory" if cached else ""
         _sync(session, prompt_tokens, progress)
     else:
@@ -455,15 +364,16 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     thinking = tok.special.think_start is not None and prompt_tokens[-1] == tok.special.think_start
     channel = "reasoning" if thinking else "content"
     tracker = DsmlTracker() if dsml else None
-    blocks: _ToolBlockWatch | None = None  # watches post-think text for a complete tool block
+    blocks: ToolBlockWatch | None = None  # watches post-think text for a complete tool block
     if tracker is not None and not thinking:
-        blocks = _ToolBlockWatch(0)
+        blocks = ToolBlockWatch(0)
     raw = ""  # decoded text as generated, </think> included
-    rng = Rng(seed if seed is not None else time_seed())
+    picker = TokenPicker(temperature, top_k, top_p, min_p, Rng(seed if seed is not None else time_seed()), tracker,
+                         logprobs)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     decode = decoder.decode
     token_bytes = tok.token_to_bytes
-    matcher = _StopMatcher(stops)
+    matcher = StopMatcher(stops)
     push = matcher.push
     texts = {"reasoning": [], "content": []}
     out_tokens: list[int] = []
@@ -472,7 +382,6 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     budget = max_tokens if max_tokens is not None else session.ctx
     ctx = session.ctx
     pos = session.pos
-    plain_greedy = not temperature > 0  # as sample(): NaN and <= 0 are greedy
     continued = kv_cache.continued_target if kv_cache is not None else None
 
     while True:
@@ -483,25 +392,18 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
         # (partial DSML must not become a saved frontier).
         if continued is not None and continued(pos) and (tracker is None or tracker.mode == "search"):
             kv_cache.maybe_store_continued(session, engine)
-        logits = session.logits
-        if plain_greedy or (tracker is not None and tracker.greedy):
-            token = argmax(logits)
-        else:
-            token = sample(logits, temperature, top_k, top_p, min_p, rng)
+        token = picker.pick(session.logits)
         if token == eos:
             finish = "eos"
             break
-        lp = tops = None
-        if logprobs is not None:
-            lp = token_logprob(logits, token).logprob
-            tops = tuple(top_logprobs(logits, logprobs)) if logprobs > 0 else ()
+        lp, tops = (picker.logprob, picker.tops) if logprobs is not None else (None, None)
         out_tokens.append(token)
         if channel == "reasoning" and token == think_end:
             flushed = decode(b"", final=True)
             decoder.reset()
             raw += flushed + THINK_END
             if tracker is not None:
-                blocks = _ToolBlockWatch(len(raw))
+                blocks = ToolBlockWatch(len(raw))
             released = matcher.reset() + flushed
             texts["reasoning"].append(released)
             yield TokenEvent(token, released, "reasoning", lp, tops)

@@ -25,7 +25,9 @@ Integration (what ``generate`` / the CLI / the server do)::
 ``quant_bits=`` / ``shape=`` keywords; ``prompt`` may also be a token list (then only files whose
 token history is an exact prefix are used, and the tokens are kept as given).
 
-CLI wiring: ``ds4.kvcache.add_arguments(parser)`` adds ``--kv-cache-dir DIR`` (enables the cache),
+Layout: this module holds the reuse and store policy (:class:`KVCache`); the files themselves
+(scan, read and verify, eviction score) are :mod:`ds4.kvcache_store`; the flags are
+:mod:`ds4.kvcache_cli` (also reachable here). CLI wiring: ``ds4.kvcache.add_arguments(parser)`` adds ``--kv-cache-dir DIR`` (enables the cache),
 ``--kv-cache-mb N`` (``max_bytes = N * MiB``; 0 means the 4096 MiB default, as upstream) and the
 ``--kv-cache-*`` knobs; ``ds4.kvcache.from_args(args)`` returns the KVCache or None.
 
@@ -60,9 +62,7 @@ incompatible). Store failures (directory gone, disk full) are logged and never r
 
 from __future__ import annotations
 
-import errno
 import logging
-import math
 import os
 import struct
 import time
@@ -72,7 +72,22 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import kvcache_format as fmt
 from .errors import CacheFormatError, Ds4Error, Ds4IOError, InvalidArgumentError
-from .payload import PAYLOAD_HEADER_BYTES, PayloadHeader, check_payload_fits, read_payload_header, read_payload_info
+from .kvcache_store import (  # noqa: F401  (re-exported: the storage layer's names)
+    DEFAULT_MAX_BYTES,
+    HIT_HALF_LIFE_SECONDS,
+    MIN_EFFECTIVE_HITS,
+    CacheEntry,
+    CacheFile,
+    InvalidCacheFile,
+    MiB,
+    _CorruptFile,
+    _Model,
+    eviction_score,
+    probe_file,
+    read_cache_file,
+    scan_directory,
+)
+from .payload import PAYLOAD_HEADER_BYTES, read_payload_header, read_payload_info
 
 __all__ = [
     "MiB",
@@ -92,55 +107,8 @@ __all__ = [
 
 log = logging.getLogger("ds4.kvcache")
 
-MiB = 1024 * 1024
-DEFAULT_MAX_BYTES = 4096 * MiB
-HIT_HALF_LIFE_SECONDS = 6 * 60 * 60
-MIN_EFFECTIVE_HITS = 0.01
-STALE_TEMP_SECONDS = 3600
 USER_MARKER = "<｜User｜>".encode()
 ASSISTANT_MARKER = "<｜Assistant｜>".encode()
-
-
-@dataclass(frozen=True)
-class CacheEntry:
-    """One valid-looking ``.kv`` file as seen by a directory scan (header + size checks only)."""
-
-    sha: str
-    path: Path
-    header: fmt.KVCHeader
-    file_size: int
-
-    tokens = property(lambda self: self.header.tokens)
-    hits = property(lambda self: self.header.hits)
-    ctx = property(lambda self: self.header.ctx)
-    quant_bits = property(lambda self: self.header.quant_bits)
-    ext_flags = property(lambda self: self.header.ext_flags)
-    created_at = property(lambda self: self.header.created_at)
-    last_used = property(lambda self: self.header.last_used)
-    payload_bytes = property(lambda self: self.header.payload_bytes)
-    text_bytes = property(lambda self: self.header.text_bytes)
-    reason = property(lambda self: self.header.reason_name)
-    key_kind = property(lambda self: fmt.key_kind(self.header.ext_flags))
-
-
-@dataclass(frozen=True)
-class InvalidCacheFile:
-    """A ``<sha>.kv`` file that is not an entry (bad header, truncated); it still uses space."""
-
-    path: Path
-    file_size: int
-    error: str
-
-
-@dataclass(frozen=True)
-class CacheFile:
-    """A fully read and verified cache file."""
-
-    entry: CacheEntry
-    text: bytes
-    payload: bytes
-    payload_header: PayloadHeader
-    tool_map: dict[str, bytes]
 
 
 @dataclass(frozen=True)
@@ -161,206 +129,6 @@ class PreparedPrompt:
     consumed: bool = False
     load_ms: float = 0.0
     tool_map: dict[str, bytes] = field(default_factory=dict)
-
-
-class _CorruptFile(CacheFormatError):
-    """Integrity failure (not mere incompatibility): the file can never load and is deleted."""
-
-
-@dataclass(frozen=True)
-class _Model:
-    tokenizer: Any
-    quant_bits: int | None
-    shape: Any
-
-
-# ---------------------------------------------------------------- module-level helpers
-
-def eviction_score(entry: CacheEntry, now: float, *, protected: bool = False) -> float:
-    """Upstream's keep-worthiness of a file (higher is kept longer); see the module docstring."""
-    if protected:
-        return math.inf
-    if entry.file_size <= 0:
-        return 0.0
-    hits = float(entry.hits)
-    used_at = entry.last_used or entry.created_at
-    if used_at == 0:
-        hits = 0.0
-    elif now > used_at:
-        hits *= 2.0 ** (-(now - used_at) / HIT_HALF_LIFE_SECONDS)
-        if hits < MIN_EFFECTIVE_HITS:
-            hits = 0.0
-    return (hits + 1.0) * entry.tokens / entry.file_size
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def scan_directory(
-    directory: Path, *, clean_temp: bool = True, stale_seconds: float = STALE_TEMP_SECONDS
-) -> tuple[list[CacheEntry], list[InvalidCacheFile]]:
-    """All ``*.kv`` files of ``directory`` split into entries and invalid files.
-
-    Temp files of writers that died (or idle for ``stale_seconds``) are removed when
-    ``clean_temp``. A missing directory scans as empty.
-    """
-    entries: list[CacheEntry] = []
-    invalid: list[InvalidCacheFile] = []
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return entries, invalid
-    except OSError as e:
-        log.warning("kv cache cannot list %s: %s", directory, e.strerror)
-        return entries, invalid
-    now = time.time()
-    for name in names:
-        path = directory / name
-        sha = fmt.sha_from_name(name)
-        if sha is None:
-            pid = fmt.is_temp_name(name)
-            if pid is not None and clean_temp and pid != os.getpid():
-                _maybe_remove_temp(path, pid, now, stale_seconds)
-            continue
-        try:
-            found = probe_file(path, sha)
-        except FileNotFoundError:
-            continue  # removed by another process between listdir and open
-        except OSError as e:
-            log.warning("kv cache cannot read %s: %s", path, e.strerror)
-            continue
-        if isinstance(found, InvalidCacheFile):
-            _warn_once(path, found.file_size, f"kv cache ignoring invalid file {path}: {found.error}")
-            invalid.append(found)
-            continue
-        entries.append(found)
-    return entries, invalid
-
-
-def probe_file(path: Path, sha: str) -> "CacheEntry | InvalidCacheFile":
-    """One file's header and size checks: an entry, or why it is not one. Reads 52 bytes; every
-    length in the header is bounded by the file's real size here, before anything reads the text
-    or payload. OSError (the file vanished, no permission) propagates."""
-    with open(path, "rb") as fp:
-        size = os.fstat(fp.fileno()).st_size
-        prefix = fp.read(fmt.KVC_PREFIX_BYTES)
-    try:
-        header = fmt.KVCHeader.unpack_prefix(prefix)
-        if size < header.min_file_size:
-            raise CacheFormatError(
-                f"truncated: {size} bytes, header implies at least {header.min_file_size}"
-            )
-    except CacheFormatError as e:
-        return InvalidCacheFile(path, size, str(e))
-    return CacheEntry(sha, path, header, size)
-
-
-_warned: set[tuple[str, int, int]] = set()
-
-
-def _warn_once(path: Path, size: int, message: str) -> None:
-    """Every scan meets the same invalid file again: say it once per file version per process."""
-    try:
-        key = (str(path), size, path.stat().st_mtime_ns)
-    except OSError:
-        key = (str(path), size, 0)
-    if key not in _warned:
-        _warned.add(key)
-        log.warning("%s", message)
-
-
-def _maybe_remove_temp(path: Path, pid: int, now: float, stale_seconds: float) -> None:
-    try:
-        age = now - path.stat().st_mtime
-    except OSError:
-        return
-    if not _pid_alive(pid) or age > stale_seconds:
-        try:
-            path.unlink()
-            log.info("kv cache removed stale temp file %s", path)
-        except OSError:
-            pass
-
-
-def read_cache_file(
-    entry: CacheEntry,
-    *,
-    prompt: bytes | None = None,
-    shape: Any = None,
-    ctx: int | None = None,
-) -> CacheFile:
-    """Read ``entry`` in full and verify it (docs/runtime.md §7.5 step 4 plus payload checks).
-
-    Verifies the header again, that the text hashes to the file name, that the text is a byte
-    prefix of ``prompt`` (if given), the payload header (magic/version, token count = header
-    count, ctx = header ctx, layout against ``shape`` if given, fits a ``ctx`` session if given).
-    Raises :class:`~ds4.errors.CacheFormatError`.
-    """
-    path = entry.path
-    try:
-        with open(path, "rb") as fp:
-            size = os.fstat(fp.fileno()).st_size
-            header = fmt.read_header_file(fp)
-            if size < header.min_file_size:
-                raise _CorruptFile(f"{path}: truncated: {size} bytes, header implies {header.min_file_size}")
-            if prompt is not None and header.text_bytes > len(prompt):
-                raise CacheFormatError(f"{path}: cached text is longer than prompt")
-            text = fp.read(header.text_bytes)
-            if len(text) != header.text_bytes:
-                raise _CorruptFile(f"{path}: truncated cached text")
-            if fmt.sha1_hex(text) != entry.sha:
-                raise _CorruptFile(f"{path}: cached text hash mismatch")
-            if prompt is not None and not prompt.startswith(text):
-                raise CacheFormatError(f"{path}: cached text prefix mismatch")
-            payload = fp.read(header.payload_bytes)
-            if len(payload) != header.payload_bytes:
-                raise _CorruptFile(f"{path}: truncated session payload")
-            trailer = fp.read() if header.ext_flags & fmt.EXT_TOOL_MAP else b""
-    except FileNotFoundError as e:
-        raise CacheFormatError(f"{path}: file vanished: {e.strerror}") from e
-    except OSError as e:
-        raise CacheFormatError(f"{path}: cannot read: {e.strerror}") from e
-    except CacheFormatError as e:
-        if str(e).startswith(str(path)):
-            raise
-        raise _CorruptFile(f"{path}: {e}") from e
-    try:
-        ph = read_payload_header(payload)
-    except CacheFormatError as e:
-        raise _CorruptFile(f"{path}: {e}") from e
-    if ph.tokens != header.tokens or ph.ctx != header.ctx:
-        raise _CorruptFile(
-            f"{path}: payload holds {ph.tokens} tokens at ctx {ph.ctx}, header says "
-            f"{header.tokens} tokens at ctx {header.ctx}"
-        )
-    if shape is not None:
-        dims = (ph.n_layer, ph.head_dim, ph.indexer_head_dim, ph.n_vocab)
-        want = (shape.n_layer, shape.head_dim, shape.indexer_head_dim, shape.n_vocab)
-        if dims != want:
-            raise CacheFormatError(
-                f"{path}: KV checkpoint was written for a different DS4 layout: "
-                f"layers/head dim/indexer dim/vocab {dims}, model has {want}"
-            )
-        try:
-            read_payload_info(payload, shape.compress_ratios)
-        except CacheFormatError as e:
-            raise _CorruptFile(f"{path}: {e}") from e
-    if ctx is not None:
-        try:
-            check_payload_fits(ph, ctx)
-        except CacheFormatError as e:
-            raise CacheFormatError(f"{path}: {e}") from e
-    tool_map = fmt.decode_tool_map(trailer) if trailer else {}
-    return CacheFile(CacheEntry(entry.sha, path, header, size), text, payload, ph, tool_map)
 
 
 def _token_bytes(tokenizer: Any, tokens: Sequence[int]) -> bytes:
@@ -1005,44 +773,9 @@ def _marker_ids(tokenizer: Any) -> tuple[int | None, int | None]:
     return None, None
 
 
-def add_arguments(parser: Any) -> None:
-    """Add the disk-cache flags to an argparse parser (upstream names in parentheses):
-    ``--kv-cache-dir`` (``--kv-disk-dir``), ``--kv-cache-mb`` (``--kv-disk-space-mb``) and the
-    ``--kv-cache-*`` policy knobs of docs/runtime.md §7.7."""
-    g = parser.add_argument_group("disk KV cache")
-    g.add_argument("--kv-cache-dir", "--kv-disk-dir", dest="kv_cache_dir", default=None, metavar="DIR",
-                   help="reuse prompt prefixes across runs through .kv files in DIR (off by default)")
-    g.add_argument("--kv-cache-mb", "--kv-disk-space-mb", dest="kv_cache_mb", type=int, default=4096,
-                   metavar="N", help="disk budget in MiB (default 4096)")
-    g.add_argument("--kv-cache-min-tokens", type=int, default=512, metavar="N",
-                   help="store and restore only prefixes of at least N tokens (default 512)")
-    g.add_argument("--kv-cache-cold-max-tokens", type=int, default=30000, metavar="N",
-                   help="store a prompt that had no cache hit only if it has at most N tokens; restoring a "
-                        "longer file deletes it; 0 disables these cold stores (default 30000)")
-    g.add_argument("--kv-cache-continued-interval-tokens", type=int, default=10000, metavar="N",
-                   help="store the live state again each time it grows by N tokens (rounded up to the "
-                        "alignment); 0 disables (default 10000)")
-    g.add_argument("--kv-cache-boundary-trim-tokens", type=int, default=32, metavar="N",
-                   help="a cold store without a chat anchor leaves out the last N prompt tokens (BPE "
-                        "may merge across the end) (default 32)")
-    g.add_argument("--kv-cache-boundary-align-tokens", type=int, default=2048, metavar="N",
-                   help="round such a cold store down to a multiple of N tokens (the prefill chunk); 0 "
-                        "disables (default 2048)")
-    g.add_argument("--kv-cache-reject-different-quant", action="store_true",
-                   help="do not restore files written by a model with other expert quantization bits "
-                        "(by default 2-bit and 4-bit files are interchangeable)")
+def __getattr__(name: str):  # the CLI wiring lives in ds4.kvcache_cli (which imports this module)
+    if name in ("add_arguments", "from_args"):
+        from . import kvcache_cli
 
-
-def from_args(args: Any) -> KVCache | None:
-    """The :class:`KVCache` the flags of :func:`add_arguments` ask for, or None when disabled."""
-    if not getattr(args, "kv_cache_dir", None):
-        return None
-    if args.kv_cache_mb < 0:
-        raise InvalidArgumentError(f"--kv-cache-mb {args.kv_cache_mb}: expected a positive number of MiB")
-    return KVCache(
-        args.kv_cache_dir, max_bytes=args.kv_cache_mb * MiB, min_tokens=args.kv_cache_min_tokens,
-        cold_max_tokens=args.kv_cache_cold_max_tokens,
-        continued_interval=args.kv_cache_continued_interval_tokens,
-        boundary_trim=args.kv_cache_boundary_trim_tokens, boundary_align=args.kv_cache_boundary_align_tokens,
-        reject_different_quant=args.kv_cache_reject_different_quant,
-    )
+        return getattr(kvcache_cli, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

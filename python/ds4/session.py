@@ -30,7 +30,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
     from .sampling import Rng, TokenLogprob
 
-__all__ = ["Session", "Snapshot"]
+__all__ = ["Session", "Snapshot", "common_prefix_len"]
+
+
+def common_prefix_len(a: Iterable[int], b: Iterable[int]) -> int:
+    """Length of the common prefix of two token sequences: :meth:`Session.common_prefix` for
+    session doubles written in Python (the reference engine's session, test fakes)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != int(y):
+            break
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)

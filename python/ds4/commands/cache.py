@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
 
 def _scan(directory: str):
     from ..errors import Ds4IOError
-    from ..kvcache import scan_directory
+    from ..kvcache_store import scan_directory
 
     d = Path(directory).expanduser()
     if not d.is_dir():

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from ..errors import ContextOverflowError, Ds4IOError, InvalidArgumentError
-from ..kvcache import add_arguments as add_kv_cache_arguments
+from ..kvcache_cli import add_arguments as add_kv_cache_arguments
 
 __all__ = ["register", "run", "add_sampling_args", "open_engine", "open_kv_cache", "ReferenceEngine",
            "ProgressBar", "think_from_args", "StreamPrinter", "report_cache"]
@@ -114,6 +114,11 @@ class _ReferenceSession:
         if progress is not None:
             progress(len(tokens), len(tokens))
 
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        from ..session import common_prefix_len
+
+        return common_prefix_len(self.tokens, tokens)
+
     def eval(self, token: int) -> None:
         if self.pos >= self.ctx:
             raise ContextOverflowError(f"context of {self.ctx} tokens is full")
@@ -140,7 +145,7 @@ def open_kv_cache(args: argparse.Namespace):
     bad directory fails fast (Ds4IOError naming it); its warnings go to stderr as ``ds4: ...``."""
     import logging
 
-    from ..kvcache import from_args
+    from ..kvcache_cli import from_args
 
     if not getattr(args, "kv_cache_dir", None):
         return None

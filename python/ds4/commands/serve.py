@@ -31,7 +31,7 @@ def _positive(name: str):
 
 
 def register(subparsers: Any) -> None:
-    from ..kvcache import add_arguments
+    from ..kvcache_cli import add_arguments
 
     p = subparsers.add_parser("serve", help="run the OpenAI/Anthropic compatible HTTP server",
                               description="Serve a model over HTTP (OpenAI chat/completions, Anthropic "
@@ -52,7 +52,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cuda", dest="backend", action="store_const", const="cuda", help="CUDA backend (not in this build)")
     p.add_argument("--host", default="127.0.0.1", help="IPv4 address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
-    p.add_argument("--cors", action="store_true", help="send permissive CORS headers")
+    p.add_argument("--cors", action="store_true",
+                   help="answer browsers from any origin (CORS: Authorization, x-api-key and the SDK headers allowed)")
+    p.add_argument("--api-key", default=os.environ.get("DS4_API_KEY"), metavar="KEY",
+                   help="require this key (Authorization: Bearer KEY or x-api-key: KEY) on every endpoint but "
+                        "/health (default: $DS4_API_KEY; none: open)")
     p.add_argument("--disable-exact-dsml-tool-replay", action="store_true",
                    help="render prior tool calls canonically instead of replaying the sampled DSML")
     p.add_argument("--tool-memory-max-ids", type=_positive("--tool-memory-max-ids"), default=100000, metavar="N")
@@ -65,7 +69,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..engine import Engine
-    from ..kvcache import from_args
+    from ..kvcache_cli import from_args
     from ..server import ServerConfig, serve
     from ..testing import default_model_path
 
@@ -91,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
             raise Ds4IOError(f"--trace {args.trace}: {e.strerror}") from None
     cfg = ServerConfig(host=args.host, port=args.port, ctx=args.ctx, default_tokens=args.tokens, cors=args.cors,
                        tool_memory_max_ids=args.tool_memory_max_ids,
-                       exact_dsml_replay=not args.disable_exact_dsml_tool_replay, trace=trace)
+                       exact_dsml_replay=not args.disable_exact_dsml_tool_replay, trace=trace,
+                       api_key=args.api_key or None)
     try:
         return serve(engine, cfg, kv)
     except OSError as e:

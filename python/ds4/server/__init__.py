@@ -1,11 +1,13 @@
 """``ds4.server``: an OpenAI / Anthropic compatible HTTP server (port of upstream's ds4-server).
 
-One worker thread owns the engine and a single live session; requests are queued and run one at a
-time, and a conversation that extends the previous request only evaluates its new tokens
-(RUNTIME.md §9). Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /v1/messages`` (Anthropic), ``POST /v1/responses`` (OpenAI Responses), ``GET /v1/models``,
-``GET /v1/models/deepseek-v4-flash``,
-``GET /health``; streaming responses are server-sent events.
+:func:`create_app` builds the ASGI application (Starlette); :class:`Server` serves it with uvicorn
+in a background thread; :func:`serve` runs that until a signal (``ds4 serve``). One worker thread
+owns the engine and a single live session; requests are queued and run one at a time, and a
+conversation that extends the previous request only evaluates its new tokens (docs/server.md).
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``
+(Anthropic) and ``/v1/messages/count_tokens``, ``POST /v1/responses`` (OpenAI Responses),
+``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics``; streaming
+responses are server-sent events.
 
 Example::
 
@@ -17,7 +19,8 @@ Example::
 
 from __future__ import annotations
 
-from .http import Server, ServerConfig
+from .app import ServerConfig, create_app
+from .runner import Server
 from .protocol import MODEL_ID, Request, RequestError, parse_anthropic, parse_chat, parse_completion
 from .responses import parse_responses
 from .worker import Job, JobResult, LiveBindings, Sink, ToolMemory, Worker
@@ -25,6 +28,7 @@ from .worker import Job, JobResult, LiveBindings, Sink, ToolMemory, Worker
 __all__ = [
     "Server",
     "ServerConfig",
+    "create_app",
     "MODEL_ID",
     "Request",
     "RequestError",

@@ -10,11 +10,12 @@ the client's thread, as upstream does, so the worker only evaluates.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from json.decoder import scanstring
 from typing import Any, Mapping, Sequence
 
-from ..chat import content_text, render, render_completion, think_mode_for_context
+from ..chat_template import USER as USER_MARK, content_text, render, render_completion, think_mode_for_context
 from ..errors import Ds4Error
 
 __all__ = [
@@ -37,10 +38,12 @@ _JSON_WS = " \t\n\r"
 class RequestError(Exception):
     """A request the server refuses: ``status`` and the message of the generic error body."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param  # the request field at fault (OpenAI's ``error.param``)
+        self.code = code
 
 
 @dataclass
@@ -79,6 +82,13 @@ class Request:
     requires_live: bool = False
     # Responses namespace tools: name shown to the model -> (client name, namespace)
     tool_wire: dict = field(default_factory=dict)
+    # Forced tool choice: None (the model decides), "" (some tool must be called) or a tool name.
+    forced_tool: str | None = None
+    logprobs: bool = False  # return the sampled tokens' log-probabilities
+    top_logprobs: int = 0  # and this many alternatives per position
+    logit_bias: dict = field(default_factory=dict)  # token id -> added to its logit (OpenAI's logit_bias)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def thinking(self) -> bool:
@@ -170,38 +180,98 @@ def _load(body: bytes | str) -> tuple[str, dict]:
     return text, obj
 
 
-def _num(v: Any) -> float:
+def invalid(param: str, problem: str) -> RequestError:
+    """400 naming the field and the problem (``param`` also goes to OpenAI's ``error.param``)."""
+    return RequestError(400, f"{param}: {problem}", param=param)
+
+
+def _num(v: Any, name: str = "value") -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise RequestError(400, _INVALID)
+        raise invalid(name, f"expected a number, got {_json_type(v)}")
     return float(v)
 
 
-def _int(v: Any) -> int:
-    return int(_num(v))
+def _int(v: Any, name: str = "value") -> int:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise invalid(name, f"expected an integer, got {_json_type(v) if not isinstance(v, float) else v}")
+    return v
 
 
-def _bool(v: Any) -> bool:
+def _bool(v: Any, name: str = "value") -> bool:
     if not isinstance(v, bool):
-        raise RequestError(400, _INVALID)
+        raise invalid(name, f"expected a boolean, got {_json_type(v)}")
     return v
 
 
-def _str(v: Any) -> str:
+def _str(v: Any, name: str = "value") -> str:
     if not isinstance(v, str):
-        raise RequestError(400, _INVALID)
+        raise invalid(name, f"expected a string, got {_json_type(v)}")
     return v
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+            dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def _in_range(obj: Mapping[str, Any], key: str, lo: float, hi: float, *, lo_open: bool = False,
+              integer: bool = False) -> float | int | None:
+    """``obj[key]`` checked to lie in [lo, hi] ((lo, hi] with ``lo_open``); None when absent or null."""
+    v = obj.get(key)
+    if v is None:
+        return None
+    x = _int(v, key) if integer else _num(v, key)
+    if x < lo or x > hi or (lo_open and x == lo):
+        left = "(" if lo_open else "["
+        hi_s = "inf" if hi == float("inf") else f"{hi:g}"
+        raise invalid(key, f"must be in {left}{lo:g}, {hi_s}], got {x:g}" if not integer else
+                      f"must be an integer >= {lo:g}" + (f" and <= {hi_s}" if hi != float("inf") else "")
+                      + f", got {x}")
+    return x
+
+
+class PromptTooLong(RequestError):
+    """The prompt does not fit the context: ``n_tokens`` (a lower bound when ``at_least``)."""
+
+    def __init__(self, n_tokens: int, param: str, at_least: bool) -> None:
+        super().__init__(400, f"prompt has {'at least ' if at_least else ''}{n_tokens} tokens", param,
+                         "context_length_exceeded")
+        self.n_tokens, self.at_least = n_tokens, at_least
+
+
+# A token is rarely longer than this many characters; longer prompts are first measured on a prefix.
+_CHARS_PER_TOKEN_BOUND = 16
+_BOUNDARY_SLACK = 8  # tokens a cut inside a word or special tag may add to the prefix's count
+
+
+def bounded_tokens(tokenizer, text: str, ctx: int, param: str) -> list[int]:
+    """``tokenizer.encode_rendered(text)``, refusing a prompt far beyond ``ctx`` before the whole
+    text is tokenized: a text longer than ``ctx * 16`` characters is first tokenized up to that
+    length (cut at whitespace); if that prefix alone does not fit, the request is refused with the
+    prefix's count as a lower bound, so a 60 MB prompt costs a ~1 MB tokenization."""
+    limit = ctx * _CHARS_PER_TOKEN_BOUND
+    if len(text) > limit:
+        cut = max(text.rfind(" ", limit - 256, limit), text.rfind("\n", limit - 256, limit))
+        head = tokenizer.encode_rendered(text[:cut if cut > 0 else limit])
+        if len(head) - _BOUNDARY_SLACK >= ctx:
+            raise PromptTooLong(len(head) - _BOUNDARY_SLACK, param, True)
+    return list(tokenizer.encode_rendered(text))
 
 
 _EFFORTS = {"max": "max", "xhigh": "high", "high": "high", "medium": "high", "low": "high",
             "minimal": "high", "none": "none"}
 
 
-def _effort(v: Any, current: str) -> str:
+def _effort(v: Any, current: str, field: str = "reasoning_effort") -> str:
     if v is None:
         return current
-    name = _str(v)
+    name = _str(v, field)
     if name not in _EFFORTS:
-        raise RequestError(400, _INVALID)
+        raise invalid(field, f"expected one of {', '.join(_EFFORTS)}, got {name!r}")
     return _EFFORTS[name]
 
 
@@ -213,7 +283,7 @@ def _thinking_control(v: Any, current: bool) -> bool:
     if isinstance(v, Mapping):
         t = v.get("type")
         if t is not None and not isinstance(t, str):
-            raise RequestError(400, _INVALID)
+            raise invalid("thinking.type", f"expected a string, got {_json_type(t)}")
         if t == "enabled":
             return True
         if t == "disabled":
@@ -221,49 +291,108 @@ def _thinking_control(v: Any, current: bool) -> bool:
     return current
 
 
-def _stops(v: Any) -> list[bytes]:
+def _stops(v: Any, name: str, most: int | None = None) -> list[bytes]:
     if v is None:
         return []
     items = [v] if isinstance(v, str) else v
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise RequestError(400, _INVALID)
+        raise invalid(name, "expected a string or an array of strings")
+    if most is not None and len(items) > most:
+        raise invalid(name, f"at most {most} stop sequences are allowed, got {len(items)}")
     return [s.encode("utf-8") for s in items if s]
 
 
-class _Common:
-    """The knobs every endpoint shares, collected as upstream's ``request_init`` defaults."""
+def _unsupported_openai(req: Request, obj: Mapping[str, Any]) -> None:
+    """OpenAI fields the server either implements (``logprobs``) or refuses by name: never
+    silently ignores."""
+    n = obj.get("n")
+    if n is not None and _int(n, "n") != 1:
+        raise invalid("n", f"only n=1 is supported, got {n}")
+    req.presence_penalty = _in_range(obj, "presence_penalty", -2, 2) or 0.0
+    req.frequency_penalty = _in_range(obj, "frequency_penalty", -2, 2) or 0.0
+    lb = obj.get("logit_bias")
+    if lb is not None:
+        if not isinstance(lb, Mapping):
+            raise invalid("logit_bias", f"expected an object, got {_json_type(lb)}")
+        for k, v in lb.items():
+            if not k.isdigit():
+                raise invalid("logit_bias", f"keys are token ids, got {k!r}")
+            b = _num(v, "logit_bias")
+            if not -100 <= b <= 100:
+                raise invalid("logit_bias", f"the bias of token {k} must be in [-100, 100], got {b:g}")
+            req.logit_bias[int(k)] = b
+    rf = obj.get("response_format")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, Mapping) else None
+        if kind != "text":
+            raise invalid("response_format", f"only {{\"type\": \"text\"}} is supported, got {kind!r}")
+    if req.kind == "completion":
+        v = _in_range(obj, "logprobs", 0, 5, integer=True)
+        if v is not None:
+            req.logprobs, req.top_logprobs = True, int(v)
+        if obj.get("echo"):
+            raise invalid("echo", "echo is not supported")
+        best_of = obj.get("best_of")
+        if best_of is not None and _int(best_of, "best_of") != 1:
+            raise invalid("best_of", "only best_of=1 is supported")
+        if obj.get("suffix"):
+            raise invalid("suffix", "suffix is not supported")
+    else:
+        lp = obj.get("logprobs")
+        if lp is not None:
+            req.logprobs = _bool(lp, "logprobs")
+        v = _in_range(obj, "top_logprobs", 0, 20, integer=True)
+        if v is not None:
+            if not req.logprobs:
+                raise invalid("top_logprobs", "requires logprobs: true")
+            req.top_logprobs = int(v)
 
-    def __init__(self, req: Request, obj: Mapping[str, Any], *, anthropic: bool = False) -> None:
+
+class _Common:
+    """The knobs every endpoint shares, collected as upstream's ``request_init`` defaults and
+    checked against the ranges the official APIs accept (400 naming the field otherwise)."""
+
+    def __init__(self, req: Request, obj: Mapping[str, Any], *, anthropic: bool = False) -> None:  # noqa: C901
         self.got_thinking = False
         self.enabled = True
         self.effort = "high"
+        inf = float("inf")
         if "model" in obj:
-            req.model = _str(obj["model"])
-        for key in (("max_tokens",) if anthropic else ("max_tokens", "max_completion_tokens")):
-            if key in obj:
-                req.max_tokens = _int(obj[key])
-        if "temperature" in obj:
-            req.temperature = _num(obj["temperature"])
-        if "top_p" in obj:
-            req.top_p = _num(obj["top_p"])
-        if "top_k" in obj:
-            req.top_k = _int(obj["top_k"])
+            req.model = _str(obj["model"], "model")
+        for key in (("max_tokens",) if anthropic else ("max_tokens", "max_completion_tokens", "max_output_tokens")):
+            v = _in_range(obj, key, 1, inf, integer=True)
+            if v is not None:
+                req.max_tokens = int(v)
+        v = _in_range(obj, "temperature", 0, 1 if anthropic else 2)
+        if v is not None:
+            req.temperature = v
+        v = _in_range(obj, "top_p", 0, 1, lo_open=True)
+        if v is not None:
+            req.top_p = v
+        v = _in_range(obj, "top_k", 0, inf, integer=True)
+        if v is not None:
+            req.top_k = int(v)
         if not anthropic:
-            if "min_p" in obj:
-                req.min_p = _num(obj["min_p"])
-            if "seed" in obj:
-                s = _num(obj["seed"])
-                req.seed = int(s) if s > 0 else 0
-        if "stream" in obj:
-            req.stream = _bool(obj["stream"])
+            v = _in_range(obj, "min_p", 0, 1)
+            if v is not None:
+                req.min_p = v
+            if obj.get("seed") is not None:
+                seed = _int(obj["seed"], "seed")
+                req.seed = seed if seed > 0 else 0
+        if "stream" in obj and obj["stream"] is not None:
+            req.stream = _bool(obj["stream"], "stream")
         so = obj.get("stream_options")
+        if so is not None and not isinstance(so, Mapping):
+            raise invalid("stream_options", f"expected an object, got {_json_type(so)}")
         if isinstance(so, Mapping) and "include_usage" in so:
-            req.include_usage = _bool(so["include_usage"])
+            req.include_usage = _bool(so["include_usage"], "stream_options.include_usage")
+        if not anthropic:
+            _unsupported_openai(req, obj)
         if "thinking" in obj:
             self.enabled = _thinking_control(obj["thinking"], self.enabled)
             self.got_thinking = True
         if "think" in obj:
-            self.enabled = _bool(obj["think"])
+            self.enabled = _bool(obj["think"], "think")
             self.got_thinking = True
         if "reasoning_effort" in obj:
             self.effort = _effort(obj["reasoning_effort"], self.effort)
@@ -271,9 +400,9 @@ class _Common:
             oc = obj.get("output_config")
             if isinstance(oc, Mapping) and "effort" in oc:
                 self.effort = _effort(oc["effort"], self.effort)
-            req.stops = _stops(obj.get("stop_sequences"))
+            req.stops = _stops(obj.get("stop_sequences"), "stop_sequences")
         else:
-            req.stops = _stops(obj.get("stop"))
+            req.stops = _stops(obj.get("stop"), "stop", 4)
 
     def think_mode(self, model: str, ctx: int) -> str:
         enabled = self.enabled
@@ -296,7 +425,7 @@ def render_live_tool_tail(messages: list[dict], start: int, think: str) -> str:
     """What to append to a live session that ends in sampled tool calls (§2.4): EOS closing the
     assistant turn, the messages from ``start`` (assistant turns always with ``<think>`` blocks in
     thinking mode), then the assistant prefix."""
-    from ..chat import ASSISTANT, EOS, THINK_END, THINK_START, USER, render_tool_calls
+    from ..chat_template import ASSISTANT, EOS, THINK_END, THINK_START, USER, render_tool_calls
 
     thinking = think != "none"
     out = [EOS]
@@ -366,16 +495,111 @@ def _attach_replay(messages: list[dict], tool_memory) -> None:
                 m["raw_dsml"] = raw
 
 
-def _finish(req: Request, messages: list[dict], schemas: str, tokenizer, tool_memory=None) -> Request:
+def _check_bias_ids(req: Request, tokenizer) -> None:
+    bad = next((t for t in req.logit_bias if t >= tokenizer.n_vocab), None)
+    if bad is not None:
+        raise invalid("logit_bias", f"token id {bad} is outside the vocabulary (0..{tokenizer.n_vocab - 1})")
+
+
+def _finish(req: Request, messages: list[dict], schemas: str, tokenizer, tool_memory=None,
+            ctx: int | None = None) -> Request:
+    _check_bias_ids(req, tokenizer)
     _attach_replay(messages, tool_memory)
     try:
-        r = render(messages, tools=schemas or None, think=req.think, ctx=None, tokenizer=tokenizer)
+        r = render(messages, tools=schemas or None, think=req.think, ctx=None)
+        req.prompt = bounded_tokens(tokenizer, r.text, ctx, req.context_param) if ctx else \
+            list(tokenizer.encode_rendered(r.text))
     except Ds4Error as e:  # e.g. a lone surrogate from a JSON escape cannot be tokenized
         raise RequestError(400, f"invalid request text: {e}") from None
     req.prompt_text = r.text
-    req.prompt = list(r.tokens or [])
     req.preserves_reasoning = _tool_context(messages, schemas)
     return req
+
+
+# ---- message, tool and tool_choice checks ---------------------------------------------------------
+
+_OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+_MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "audio", "file", "input_file", "document")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def _check_parts(content: Any, where: str) -> None:
+    """Text only: image / audio / file parts are refused by name (the model cannot see them)."""
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if isinstance(part, Mapping) and part.get("type") in _MEDIA_PARTS:
+                raise invalid(f"{where}[{j}]", f"{part['type']} content is not supported (text only)")
+
+
+def _check_messages(v: Any, roles: Sequence[str], name: str = "messages") -> list:
+    if not isinstance(v, list):
+        raise invalid(name, f"expected an array, got {_json_type(v)}")
+    if not v:
+        raise invalid(name, "must contain at least one message")
+    for i, m in enumerate(v):
+        if not isinstance(m, Mapping):
+            raise invalid(f"{name}[{i}]", f"expected an object, got {_json_type(m)}")
+        role = m.get("role")
+        if role not in roles:
+            raise invalid(f"{name}[{i}].role", f"expected one of {', '.join(roles)}, got {role!r}")
+        _check_parts(m.get("content"), f"{name}[{i}].content")
+    return v
+
+
+def _check_tool(name: Any, params: Any, where: str, params_key: str) -> str:
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise invalid(f"{where}.name", f"expected a tool name of 1-128 letters, digits, '_', '-', '.', ':', "
+                                       f"got {name!r}")
+    if params is not None and not isinstance(params, Mapping):
+        raise invalid(f"{where}.{params_key}", f"expected a JSON schema object, got {_json_type(params)}")
+    return name
+
+
+def _tool_list(tools: Any) -> list:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise invalid("tools", f"expected an array, got {_json_type(tools)}")
+    return tools
+
+
+def openai_tool_names(tools: Any) -> list[str]:
+    """Chat ``tools``: ``[{"type": "function", "function": {"name", "parameters"}}]``."""
+    names = []
+    for i, t in enumerate(_tool_list(tools)):
+        if not isinstance(t, Mapping) or t.get("type", "function") != "function" or not isinstance(
+                t.get("function"), Mapping):
+            raise invalid(f"tools[{i}]", 'expected {"type": "function", "function": {...}}')
+        fn = t["function"]
+        names.append(_check_tool(fn.get("name"), fn.get("parameters"), f"tools[{i}].function", "parameters"))
+    return names
+
+
+def forced_tool(choice: Any, names: Sequence[str], *, field: str = "tool_choice", auto: Sequence[str] = ("auto",),
+                none: Sequence[str] = ("none",), required: Sequence[str] = ("required",),
+                named: Any = None) -> tuple[bool, str | None]:
+    """(tools off, forced tool) for a tool choice: ``"none"`` switches tools off; ``"required"``
+    forces some call (``""``), a named choice forces that tool (``named(choice)`` extracts the
+    name from an object); anything else is a 400 naming the field."""
+    if choice is None:
+        return False, None
+    kind = choice if isinstance(choice, str) else (choice.get("type") if isinstance(choice, Mapping) else None)
+    if kind in none:
+        return True, None
+    if kind in auto:
+        return False, None
+    if kind in required:
+        forced: str | None = ""
+    else:
+        name = named(choice) if named is not None and isinstance(choice, Mapping) else None
+        if not isinstance(name, str):
+            raise invalid(field, f"unsupported tool choice {choice!r}")
+        if name not in names:
+            raise invalid(field, f"names the tool {name!r}, which is not in tools")
+        forced = name
+    if not names:
+        raise invalid(field, "forces a tool call but no tools are given")
+    return False, forced
 
 
 # ---- OpenAI ---------------------------------------------------------------------------------------
@@ -419,32 +643,56 @@ def parse_chat(body: bytes | str, tokenizer, ctx: int, default_tokens: int = DEF
     common = _Common(req, obj)
     if "messages" not in obj:
         raise RequestError(400, "missing messages")
-    messages = _openai_messages(obj["messages"])
-    choice_none = obj.get("tool_choice") == "none"
+    messages = _openai_messages(_check_messages(obj["messages"], _OPENAI_ROLES))
+    names = openai_tool_names(obj.get("tools"))
+    choice_none, req.forced_tool = forced_tool(
+        obj.get("tool_choice"), names, named=lambda c: (c.get("function") or {}).get("name")
+        if c.get("type") == "function" and isinstance(c.get("function"), Mapping) else None)
     schemas = _tool_schemas(text, obj.get("tools"))
     req.has_tools = bool(schemas) and not choice_none
     req.think = common.think_mode(req.model, ctx)
-    return _finish(req, messages, schemas if req.has_tools else "", tokenizer, tool_memory)
+    return _finish(req, messages, schemas if req.has_tools else "", tokenizer, tool_memory, ctx)
 
 
 def parse_completion(body: bytes | str, tokenizer, ctx: int, default_tokens: int = DEFAULT_MAX_TOKENS,
                      tool_memory=None, live=None) -> Request:
-    """``POST /v1/completions``: a string prompt (or the first string of an array)."""
+    """``POST /v1/completions``: a string or token-id prompt (one prompt per request: an array
+    holding several is refused, as ``n > 1`` is), placed in the completion template."""
     _, obj = _load(body)
     req = Request("openai", "completion", max_tokens=default_tokens)
     common = _Common(req, obj)
     if "prompt" not in obj:
-        raise RequestError(400, "missing prompt")
+        raise RequestError(400, "missing prompt", param="prompt")
     p = obj["prompt"]
-    if isinstance(p, list):
-        p = next((x for x in p if isinstance(x, str)), "")
-    prompt = p if isinstance(p, str) else ""
+    ids: list[int] | None = None
+    if isinstance(p, list) and p and all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+        ids = p
+    elif isinstance(p, list):
+        if len(p) != 1:
+            raise invalid("prompt", f"exactly one prompt per request is supported, got {len(p)}")
+        p = p[0]
+        if isinstance(p, list) and p and all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+            ids = p
+    if ids is not None:
+        bad = next((x for x in ids if not 0 <= x < tokenizer.n_vocab), None)
+        if bad is not None:
+            raise invalid("prompt", f"token id {bad} is outside the vocabulary (0..{tokenizer.n_vocab - 1})")
+        p = ""
+    elif not isinstance(p, str):
+        raise invalid("prompt", "expected a string, an array of token ids, or an array holding one of them")
     req.think = common.think_mode(req.model, ctx)
+    _check_bias_ids(req, tokenizer)
     try:
-        r = render_completion(prompt, think=req.think, tokenizer=tokenizer)
+        r = render_completion(p, think=req.think)
+        if ids is None:
+            req.prompt_text, req.prompt = r.text, bounded_tokens(tokenizer, r.text, ctx, "prompt")
+        else:  # the ids go where the prompt text would
+            head, _, tail = r.text.partition(USER_MARK)
+            req.prompt = (tokenizer.encode_rendered(head + USER_MARK) + list(ids)
+                          + tokenizer.encode_rendered(tail))
+            req.prompt_text = head + USER_MARK + tokenizer.decode(ids) + tail
     except Ds4Error as e:
         raise RequestError(400, f"invalid request text: {e}") from None
-    req.prompt_text, req.prompt = r.text, list(r.tokens or [])
     return req
 
 
@@ -545,18 +793,36 @@ def parse_anthropic(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
     common = _Common(req, obj, anthropic=True)
     if "messages" not in obj:
         raise RequestError(400, "missing messages")
-    messages, call_ids, result_ids = _anthropic_messages(obj["messages"])
+    messages, call_ids, result_ids = _anthropic_messages(_check_messages(obj["messages"], ("user", "assistant")))
     _require_continuations(req, live, "anthropic", result_ids, call_ids,
                            "Anthropic continuation state is not available for tool_use_id {id}; "
                            "retry by replaying the full messages history")
     system = _anthropic_system(obj.get("system"))
     if system:
         messages.insert(0, {"role": "system", "content": system})
+    names = anthropic_tool_names(obj.get("tools"))
     tc = obj.get("tool_choice")
-    choice_none = isinstance(tc, Mapping) and tc.get("type") == "none"
+    if tc is not None and not isinstance(tc, Mapping):
+        raise invalid("tool_choice", f"expected an object, got {_json_type(tc)}")
+    choice_none, req.forced_tool = forced_tool(tc, names, auto=("auto",), required=("any",),
+                                               named=lambda c: c.get("name") if c.get("type") == "tool" else None)
     schemas = _tool_schemas(text, obj.get("tools"))
     req.has_tools = bool(schemas) and not choice_none
     req.think = common.think_mode(req.model, ctx)
     _attach_replay(messages, tool_memory)
     _prepare_live_tail(req, messages, lambda m: m.get("role") == "user" and bool(m.get("tool_call_ids")), False)
-    return _finish(req, messages, schemas if req.has_tools else "", tokenizer, tool_memory)
+    return _finish(req, messages, schemas if req.has_tools else "", tokenizer, tool_memory, ctx)
+
+
+def anthropic_tool_names(tools: Any) -> list[str]:
+    """Anthropic ``tools``: custom tools need ``name`` and an ``input_schema`` object; typed
+    (server / client-defined) tools need a name."""
+    names = []
+    for i, t in enumerate(_tool_list(tools)):
+        if not isinstance(t, Mapping):
+            raise invalid(f"tools[{i}]", f"expected an object, got {_json_type(t)}")
+        schema = t.get("input_schema")
+        if t.get("type") in (None, "custom") and schema is None:
+            raise invalid(f"tools[{i}].input_schema", "Field required")
+        names.append(_check_tool(t.get("name"), schema, f"tools[{i}]", "input_schema"))
+    return names

@@ -16,7 +16,8 @@ import secrets
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..chat import ToolCall, content_text
+from ..chat_template import content_text
+from ..dsml import ToolCall
 from . import shapes
 from .protocol import (
     _INVALID,
@@ -28,12 +29,15 @@ from .protocol import (
     _finish,
     _prepare_live_tail,
     _require_continuations,
+    _check_parts,
     _str,
     _load,
+    forced_tool,
+    invalid,
 )
 from .streams import Projection
 
-__all__ = ["parse_responses", "responses_final", "ResponsesStream", "responses_usage", "rid"]
+__all__ = ["parse_responses", "responses_final", "ResponsesStream", "ResponsesOutput", "responses_usage", "rid"]
 
 _CALL_TYPES = ("function_call", "custom_tool_call", "local_shell_call", "web_search_call", "tool_search_call",
                "image_generation_call")
@@ -71,8 +75,9 @@ def _items(v: Any) -> tuple[list[dict], list[str], set[str]]:
             raise RequestError(400, _INVALID)
         t = it.get("type") or "message"
         status = it.get("status")
-        if isinstance(status, str) and status and status != "completed":
-            raise RequestError(400, _INVALID)
+        if status is not None and status not in ("completed", "incomplete", "in_progress"):
+            raise invalid(f"input[{len(msgs)}].status", f"unknown item status {status!r}")
+        _check_parts(it.get("content"), "input[].content")
         role = it.get("role") if isinstance(it.get("role"), str) else None
         consumes = (t == "message" and role == "assistant") or t in _CALL_TYPES
         bookkeeping = t in ("compaction", "context_compaction")
@@ -172,11 +177,14 @@ def parse_responses(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
     for key in ("previous_response_id", "conversation"):
         if obj.get(key) is not None:
             raise RequestError(400, f"{key} is not supported; replay full input instead")
-    sub = {k: obj[k] for k in ("model", "temperature", "top_p", "stream") if k in obj}
-    for key in ("max_output_tokens", "max_tokens"):
-        if key in obj:
-            sub["max_tokens"] = obj[key]
+    sub = {k: obj[k] for k in ("model", "temperature", "top_p", "stream", "max_output_tokens", "max_tokens")
+           if k in obj}
     common = _Common(req, sub)
+    if obj.get("top_logprobs"):
+        raise invalid("top_logprobs", "logprobs are not returned by /v1/responses (use /v1/chat/completions)")
+    fmt = obj.get("text", {}).get("format") if isinstance(obj.get("text"), Mapping) else None
+    if isinstance(fmt, Mapping) and fmt.get("type") not in (None, "text"):
+        raise invalid("text.format", f"only {{\"type\": \"text\"}} is supported, got {fmt.get('type')!r}")
     reasoning = obj.get("reasoning")
     if isinstance(reasoning, Mapping):
         if reasoning.get("effort") is not None:
@@ -188,8 +196,10 @@ def parse_responses(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
         summary = reasoning.get("summary")
         req.reasoning_summary = isinstance(summary, str) and summary in ("auto", "concise", "detailed")
     if "input" not in obj:
-        raise RequestError(400, "missing input")
+        raise RequestError(400, "missing input", param="input")
     inp = obj["input"]
+    if isinstance(inp, list) and not inp:
+        raise invalid("input", "must contain at least one item")
     if isinstance(inp, str):
         msgs, outputs, seen = [{"role": "user", "content": inp}], [], set()
     else:
@@ -202,21 +212,31 @@ def parse_responses(body: bytes | str, tokenizer, ctx: int, default_tokens: int 
         instructions = _str(instructions)
         if instructions:
             msgs.insert(0, {"role": "system", "content": instructions})
-    tc = obj.get("tool_choice")
-    choice_none = False
-    if isinstance(tc, str):
-        if tc == "none":
-            choice_none = True
-        elif tc != "auto":
-            raise RequestError(400, f"tool_choice={tc} not supported")
-    elif isinstance(tc, Mapping):
-        raise RequestError(400, "forced tool_choice not supported")
     schemas, req.tool_wire = _responses_tool_schemas(text, obj.get("tools"))
+    names = [line_name for line_name in _schema_names(schemas)]
+    choice_none, forced = forced_tool(obj.get("tool_choice"), names,
+                                      named=lambda c: c.get("name") if c.get("type") == "function" else None)
+    if forced:  # the model sees namespaced names
+        forced = next((k for k, (n, _) in req.tool_wire.items() if n == forced), forced)
+    req.forced_tool = forced
     req.has_tools = bool(schemas) and not choice_none
     req.think = common.think_mode(req.model, ctx)
     _attach_replay(msgs, tool_memory)
     _prepare_live_tail(req, msgs, lambda m: m.get("role") in ("tool", "function"), True)
-    return _finish(req, msgs, schemas if req.has_tools else "", tokenizer, tool_memory)
+    return _finish(req, msgs, schemas if req.has_tools else "", tokenizer, tool_memory, ctx)
+
+
+def _schema_names(schemas: str) -> list[str]:
+    """Tool names of a schemas string (one JSON object per line), as the client knows them."""
+    out = []
+    for line in schemas.split("\n") if schemas else ():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, Mapping) and isinstance(obj.get("name"), str):
+            out.append(obj["name"])
+    return out
 
 
 # ---- output -----------------------------------------------------------------------------------------
@@ -255,7 +275,7 @@ def _envelope(resp_id: str, model: str, created: int, finish: str, output: list,
     if finish == "error":
         obj["error"] = {"code": "server_error", "message": "generation failed"}
     elif finish == "length":
-        obj["incomplete_details"] = {"reason": "max_tokens"}
+        obj["incomplete_details"] = {"reason": "max_output_tokens"}
     obj["output"] = output
     obj["usage"] = responses_usage(usage)
     return obj
@@ -415,3 +435,26 @@ class ResponsesStream:
         kind = {"error": "response.failed", "length": "response.incomplete"}.get(finish, "response.completed")
         return self._emit({"type": kind, "response": _envelope(self.id, self.req.model, self.created, finish,
                                                                output, usage)})
+
+
+class ResponsesOutput:
+    """The worker's output for ``/v1/responses``: the response object, or its ``response.*``
+    events (function calls are sent whole at the end, so no call ids are streamed early)."""
+
+    tool_ids: list[str] = []
+
+    def __init__(self, sink, resp_id: str, req: Request, new_id, tokenizer, logprobs: list | None = None) -> None:
+        self.sink, self.req = sink, req
+        self.stream = ResponsesStream(sink.send, req) if req.stream else None
+
+    def start(self, usage: shapes.Usage) -> bool:
+        return self.stream.start()
+
+    def update(self, view: bytes) -> bool:
+        return self.stream.update(view)
+
+    def finish(self, t) -> bool:
+        if self.stream is not None:
+            return self.stream.finish(t.text, t.recovered, t.calls, t.ids, t.finish, t.usage)
+        return self.sink.response(200, responses_final(self.req, t.content, t.reasoning, t.calls, t.ids, t.finish,
+                                                       t.usage))

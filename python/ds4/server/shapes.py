@@ -11,13 +11,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..chat import ToolCall
+from ..dsml import ToolCall
 
 __all__ = [
     "MODEL_CREATED",
     "Usage",
     "dumps",
     "model_object",
+    "error_object",
     "error_body",
     "context_error_body",
     "openai_usage",
@@ -73,18 +74,36 @@ def model_object(ctx: int, default_tokens: int) -> dict:
     }
 
 
-def error_body(message: str) -> bytes:
-    return (dumps({"error": {"message": message, "type": "invalid_request_error"}}) + "\n").encode()
+_ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                          404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
+                          413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+                          529: "overloaded_error"}
 
 
-def context_error_body(api: str, param: str, n_prompt: int, ctx: int) -> bytes:
-    msg = f"Prompt has {n_prompt} tokens, but the configured context size is {ctx} tokens"
+def error_object(message: str, api: str = "openai", status: int = 400, param: str | None = None,
+                 code: str | None = None, **extra: Any) -> dict:
+    """The error body of ``api`` for an HTTP ``status``: OpenAI's ``{"error": {message, type,
+    param, code}}`` or Anthropic's ``{"type": "error", "error": {type, message}}``."""
     if api == "anthropic":
-        obj: dict = {"type": "error", "error": {"type": "invalid_request_error", "message": msg,
-                                                 "n_prompt_tokens": n_prompt, "n_ctx": ctx}}
-    else:
-        obj = {"error": {"message": msg, "type": "invalid_request_error", "param": param,
-                         "code": "context_length_exceeded", "n_prompt_tokens": n_prompt, "n_ctx": ctx}}
+        kind = _ANTHROPIC_ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": message, **extra}}
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 401 and code is None:
+        code = "invalid_api_key"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code, **extra}}
+
+
+def error_body(message: str, api: str = "openai", status: int = 400, param: str | None = None,
+               code: str | None = None) -> bytes:
+    return (dumps(error_object(message, api, status, param, code)) + "\n").encode()
+
+
+def context_error_body(api: str, param: str, n_prompt: int, ctx: int, at_least: bool = False) -> bytes:
+    """400 for a prompt that does not fit; ``at_least``: the count is a lower bound (the prompt was
+    refused before it was tokenized to the end)."""
+    msg = (f"Prompt has {'at least ' if at_least else ''}{n_prompt} tokens, but the configured context size is "
+           f"{ctx} tokens")
+    obj = error_object(msg, api, 400, param, "context_length_exceeded", n_prompt_tokens=n_prompt, n_ctx=ctx)
     return (dumps(obj) + "\n").encode()
 
 
@@ -94,9 +113,12 @@ def openai_usage(u: Usage) -> dict:
 
 
 def anthropic_usage(u: Usage, completion: int | None = None) -> dict:
-    return {"input_tokens": max(u.prompt - u.cache_read - u.cache_write, 0),
-            "output_tokens": u.completion if completion is None else completion,
-            "cache_read_input_tokens": u.cache_read, "cache_creation_input_tokens": u.cache_write}
+    """Anthropic's meaning: ``input_tokens`` are the prompt tokens processed now (not read from a
+    cache), ``cache_read_input_tokens`` those reused; nothing is written under a client's
+    ``cache_control`` breakpoint, so ``cache_creation_input_tokens`` is 0 and the three add up to
+    the prompt."""
+    return {"input_tokens": u.cache_write, "output_tokens": u.completion if completion is None else completion,
+            "cache_read_input_tokens": u.cache_read, "cache_creation_input_tokens": 0}
 
 
 def args_object_text(arguments: str) -> str:
@@ -125,22 +147,27 @@ def _body(obj: dict) -> bytes:
 
 
 def chat_final(resp_id: str, model: str, content: str, reasoning: str | None, calls: Sequence[ToolCall],
-               ids: Sequence[str], finish: str, usage: Usage) -> bytes:
+               ids: Sequence[str], finish: str, usage: Usage, logprobs: dict | None = None) -> bytes:
     msg: dict = {"role": "assistant", "content": content}
     if reasoning:
         msg["reasoning_content"] = reasoning
     if calls:
         msg["tool_calls"] = openai_tool_calls(calls, ids, resp_id)
     return _body({"id": resp_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-                  "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": openai_usage(usage)})
+                  "choices": [{"index": 0, "message": msg, "logprobs": logprobs, "finish_reason": finish}],
+                  "usage": openai_usage(usage)})
 
 
-def completion_final(resp_id: str, model: str, text: str, finish: str, usage: Usage) -> bytes:
+def completion_final(resp_id: str, model: str, text: str, finish: str, usage: Usage,
+                     logprobs: dict | None = None) -> bytes:
     return _body({"id": resp_id, "object": "text_completion", "created": int(time.time()), "model": model,
-                  "choices": [{"text": text, "index": 0, "finish_reason": finish}], "usage": openai_usage(usage)})
+                  "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
+                  "usage": openai_usage(usage)})
 
 
-def anthropic_stop_reason(finish: str) -> str:
+def anthropic_stop_reason(finish: str, stop_sequence: str | None = None) -> str:
+    if stop_sequence is not None:
+        return "stop_sequence"
     return {"tool_calls": "tool_use", "length": "max_tokens"}.get(finish, "end_turn")
 
 
@@ -150,7 +177,7 @@ def anthropic_tool_use(call: ToolCall, cid: str, resp_id: str, i: int) -> dict:
 
 
 def anthropic_final(resp_id: str, model: str, content: str, reasoning: str | None, calls: Sequence[ToolCall],
-                    ids: Sequence[str], finish: str, usage: Usage) -> bytes:
+                    ids: Sequence[str], finish: str, usage: Usage, stop_sequence: str | None = None) -> bytes:
     blocks: list[dict] = []
     if reasoning:
         blocks.append({"type": "thinking", "thinking": reasoning, "signature": resp_id})
@@ -161,7 +188,7 @@ def anthropic_final(resp_id: str, model: str, content: str, reasoning: str | Non
     if not blocks or (reasoning and len(blocks) == 1):
         blocks.append({"type": "text", "text": ""})
     return _body({"id": resp_id, "type": "message", "role": "assistant", "model": model, "content": blocks,
-                  "stop_reason": anthropic_stop_reason(finish), "stop_sequence": None,
+                  "stop_reason": anthropic_stop_reason(finish, stop_sequence), "stop_sequence": stop_sequence,
                   "usage": anthropic_usage(usage)})
 
 
@@ -176,14 +203,23 @@ def sse_event(name: str, obj: Any) -> bytes:
     return f"event: {name}\ndata: {dumps(obj)}\n\n".encode()
 
 
-def chat_chunk(resp_id: str, model: str, delta: dict, finish: str | None = None) -> bytes:
+def chat_chunk(resp_id: str, model: str, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> bytes:
+    choice: dict = {"index": 0, "delta": delta}
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
+    choice["finish_reason"] = finish
     return sse_data({"id": resp_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                     "choices": [choice]})
 
 
-def completion_chunk(resp_id: str, model: str, text: str, finish: str | None = None) -> bytes:
+def completion_chunk(resp_id: str, model: str, text: str, finish: str | None = None,
+                     logprobs: dict | None = None) -> bytes:
+    choice: dict = {"text": text, "index": 0}
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
+    choice["finish_reason"] = finish
     return sse_data({"id": resp_id, "object": "text_completion", "created": int(time.time()), "model": model,
-                     "choices": [{"text": text, "index": 0, "finish_reason": finish}]})
+                     "choices": [choice]})
 
 
 def usage_chunk(resp_id: str, model: str, kind: str, usage: Usage) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..chat import ToolCall
+from ..dsml import ToolCall
 from . import shapes
 from .textscan import THINK_END, THINK_START, find_tool_start, text_safe_limit, utf8_safe_len
 from .toolstream import ToolProjection
@@ -112,6 +112,8 @@ class OpenAIChatStream:
         self.proj = Projection(thinking, has_tools, tools_on_final=True)
         self.new_id = new_id
         self.tool_ids: list[str] = []  # ids already sent for streamed calls, by index
+        # logprobs=true: the logprobs of the tokens generated since the previous text chunk
+        self.take_logprobs: Callable[[], dict | None] = lambda: None
 
     def start(self) -> bool:
         return self.send(shapes.chat_chunk(self.id, self.model, {"role": "assistant"}))
@@ -123,7 +125,8 @@ class OpenAIChatStream:
                     return False
             elif data and kind in ("reasoning", "content"):
                 field = "reasoning_content" if kind == "reasoning" else "content"
-                if not self.send(shapes.chat_chunk(self.id, self.model, {field: _text(data)})):
+                if not self.send(shapes.chat_chunk(self.id, self.model, {field: _text(data)},
+                                                   logprobs=self.take_logprobs())):
                     return False
         return True
 
@@ -149,7 +152,7 @@ class OpenAIChatStream:
         if calls and not (self.proj.tool is not None and self.proj.tool.emitted_any):
             out += shapes.chat_chunk(self.id, self.model,
                                      {"tool_calls": shapes.openai_tool_calls(calls, ids, self.id, deltas=True)})
-        out += shapes.chat_chunk(self.id, self.model, {}, finish)
+        out += shapes.chat_chunk(self.id, self.model, {}, finish, logprobs=self.take_logprobs())
         if include_usage:
             out += shapes.usage_chunk(self.id, self.model, "chat", usage)
         out += b"data: [DONE]\n\n"
@@ -233,7 +236,8 @@ class AnthropicStream:
                 "delta": {"type": "input_json_delta", "partial_json": ev[2]}}))
         return self._close()
 
-    def finish(self, raw: bytes, calls: Sequence[ToolCall], ids: Sequence[str], finish: str, completion: int) -> bool:
+    def finish(self, raw: bytes, calls: Sequence[ToolCall], ids: Sequence[str], finish: str, completion: int,
+               stop_sequence: str | None = None) -> bool:
         if not self.update(raw, final=True):
             return False
         if self.sent_thinking and not self.sent_text and not calls:
@@ -254,7 +258,8 @@ class AnthropicStream:
             self.index += 1
         out += shapes.sse_event("message_delta", {
             "type": "message_delta",
-            "delta": {"stop_reason": shapes.anthropic_stop_reason(finish), "stop_sequence": None},
+            "delta": {"stop_reason": shapes.anthropic_stop_reason(finish, stop_sequence),
+                      "stop_sequence": stop_sequence},
             "usage": {"output_tokens": completion}})
         out += shapes.sse_event("message_stop", {"type": "message_stop"})
         return self.send(out)

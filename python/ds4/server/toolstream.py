@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from ..chat import dsml_attr, dsml_unescape  # the final parser's attribute / entity rules
+from ..dsml import dsml_attr, dsml_unescape  # the final parser's attribute / entity rules
 from .textscan import C_SPACE, TOOL_SYNTAXES_UTF8 as _SYNTAXES, utf8_safe_len
 
 __all__ = ["ToolProjection"]

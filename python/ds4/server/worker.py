@@ -22,7 +22,9 @@ differ: every sampled token is evaluated, stop strings match the raw bytes inclu
 thinking mode overrides the sampling knobs, DSML syntax is sampled greedily, a closed tool block
 ends the turn, and continued disk checkpoints are written between tokens.
 
-Each job writes its own response through its :class:`Sink` (the client thread waits).
+Each job's response is shaped by its API's output (:mod:`.api_chat`, :mod:`.api_completions`,
+:mod:`.api_anthropic`, :mod:`.responses`; interface in :mod:`.turn`) and written into the job's sink
+(:mod:`.sinks`); a sink whose client went away stops the job at the next token or prefill chunk.
 """
 
 from __future__ import annotations
@@ -36,22 +38,24 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from ..chat import EOS as EOS_TEXT, DsmlTracker, ToolCall, parse_generated
+from ..chat_template import EOS as EOS_TEXT, THINK_END, THINK_START, forced_tool_opening
+from ..dsml import DsmlTracker, ToolCall, parse_generated
 from ..errors import Ds4Error
-from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, sample
+from ..decoding import StopMatcher, TokenPicker, ToolBlockWatch
+from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng
 from . import shapes
+from .metrics import JobStats, Metrics
 from .protocol import Request
-from .responses import ResponsesStream, responses_final
-from .streams import AnthropicStream, OpenAIChatStream
-from .textscan import (
-    ThinkingTracker,
-    find_stop,
-    observe_tool_markers,
-    stop_safe_len,
-    utf8_safe_len,
-)
+from .api_anthropic import AnthropicOutput
+from .api_chat import ChatOutput
+from .api_completions import CompletionOutput
+from .responses import ResponsesOutput
+from .sinks import Sink
+from .tool_state import LiveBindings, ToolMemory
+from .turn import Output, Turn
+from .textscan import ThinkingTracker, utf8_safe_len
 
 __all__ = ["Sink", "Job", "JobResult", "Worker", "ToolMemory"]
 
@@ -59,53 +63,9 @@ log = logging.getLogger("ds4.server")
 
 KEEPALIVE_SECONDS = 5.0  # ": prefill" SSE comments while a long prompt is evaluated
 
-
-class Sink:
-    """Where a job's response goes: a byte writer plus the HTTP framing upstream uses.
-
-    ``write`` is any callable that sends all bytes or raises OSError. After the first failed write
-    the sink is dead and every later send returns False (the worker then stops the job)."""
-
-    def __init__(self, write: Callable[[bytes], Any], cors: bool = False) -> None:
-        self._write = write
-        self.cors = cors
-        self.headers_sent = False
-        self.failed = False
-
-    def send(self, data: bytes) -> bool:
-        if self.failed:
-            return False
-        try:
-            self._write(data)
-            return True
-        except (OSError, ValueError):
-            self.failed = True
-            return False
-
-    def _cors(self) -> str:
-        return ("Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Methods: GET, POST, OPTIONS\r\n"
-                "Access-Control-Allow-Headers: *\r\n") if self.cors else ""
-
-    def response(self, status: int, body: bytes = b"", content_type: str | None = "application/json") -> bool:
-        reason = {200: "OK", 204: "No Content", 400: "Bad Request", 404: "Not Found", 409: "Conflict",
-                  500: "Internal Server Error"}.get(status, "Error")
-        head = f"HTTP/1.1 {status} {reason}\r\nContent-Length: {len(body)}\r\n"
-        if content_type:
-            head += f"Content-Type: {content_type}\r\n"
-        head += self._cors() + "Connection: close\r\n\r\n"
-        self.headers_sent = True
-        return self.send(head.encode() + body)
-
-    def error(self, status: int, message: str) -> bool:
-        return self.response(status, shapes.error_body(message))
-
-    def sse_headers(self) -> bool:
-        if self.headers_sent:
-            return True
-        self.headers_sent = True
-        head = ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                + self._cors() + "Connection: close\r\n\r\n")
-        return self.send(head.encode())
+# The output of each API (streams and bodies), by Request.api ("completion" for legacy completions)
+_OUTPUTS = {"openai": ChatOutput, "completion": CompletionOutput, "anthropic": AnthropicOutput,
+            "responses": ResponsesOutput}
 
 
 @dataclass
@@ -120,6 +80,8 @@ class JobResult:
     source: str = "none"
     calls: tuple[ToolCall, ...] = ()
     error: str = ""
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
 
 
 @dataclass
@@ -128,92 +90,6 @@ class Job:
     sink: Sink
     done: threading.Event = field(default_factory=threading.Event)
     result: JobResult | None = None
-
-
-class ToolMemory:
-    """Tool-call id -> the exact sampled DSML block (§8.6), LRU-bounded by id count.
-
-    ``fallback(ids) -> {id: dsml bytes}`` is asked for ids not in memory (the disk cache's KTM
-    trailers), so exact replay survives a restart. ``max_ids=0`` disables replay entirely."""
-
-    def __init__(self, max_ids: int = 100000, fallback: Callable[[list[str]], dict] | None = None,
-                 max_bytes: int = 512 * 1024 * 1024) -> None:
-        self.max_ids = max_ids
-        self.max_bytes = max_bytes
-        self.fallback = fallback
-        self._map: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self._blocks: dict[str, int] = {}  # distinct block -> how many ids use it (bytes count once)
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def _drop_oldest(self) -> None:
-        _, block = self._map.popitem(last=False)
-        self._unref(block)
-
-    def _unref(self, block: str) -> None:
-        n = self._blocks[block] - 1
-        if n:
-            self._blocks[block] = n
-        else:
-            del self._blocks[block]
-            self._bytes -= len(block)
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-    def snapshot(self) -> dict[str, bytes]:
-        """All id -> DSML pairs as bytes (for a cache file's KTM trailer)."""
-        with self._lock:
-            return {k: v.encode("utf-8") for k, v in self._map.items()}
-
-    def remember_pairs(self, pairs: dict) -> None:
-        by_block: dict[str, list[str]] = {}
-        for k, v in pairs.items():
-            by_block.setdefault(v.decode("utf-8", "replace") if isinstance(v, bytes) else v, []).append(k)
-        for block, ids in by_block.items():
-            self.remember(ids, block)
-
-    def remember(self, ids: list[str], raw_dsml: str) -> None:
-        if self.max_ids <= 0:
-            return
-        with self._lock:
-            for i in ids:
-                old = self._map.get(i)
-                if old is not None:
-                    self._unref(old)
-                self._map[i] = raw_dsml
-                self._map.move_to_end(i)
-                if raw_dsml not in self._blocks:
-                    self._blocks[raw_dsml] = 0
-                    self._bytes += len(raw_dsml)
-                self._blocks[raw_dsml] += 1
-            while self._map and (len(self._map) > self.max_ids or self._bytes > self.max_bytes):
-                self._drop_oldest()
-
-    def has(self, i: str) -> bool:
-        with self._lock:
-            return i in self._map
-
-    def lookup(self, ids: list[str]) -> str | None:
-        """The block shared by all ``ids`` (all known, all the same block), else None."""
-        if not ids or self.max_ids <= 0:
-            return None
-        if self.fallback is not None:
-            with self._lock:
-                missing = [i for i in ids if i not in self._map]
-            if missing:
-                try:
-                    self.remember_pairs(self.fallback(missing))
-                except Exception as e:  # a disk problem only costs exact replay
-                    log.warning("ds4-server: tool memory restore failed: %s", e)
-        with self._lock:
-            blocks = {self._map.get(i) for i in ids}
-            for i in ids:
-                if i in self._map:
-                    self._map.move_to_end(i)
-        if len(blocks) != 1 or None in blocks:
-            return None
-        return blocks.pop()
 
 
 class _ProgressSession:
@@ -230,52 +106,21 @@ class _ProgressSession:
         return getattr(self._s, name)
 
 
+class _ClientGone(Exception):
+    """The client of the running job went away (its sink failed): stop the prefill."""
+
+
 class _LiveStateLost(Exception):
     """The request needs live tool state that another request replaced (HTTP 409)."""
-
-
-class LiveBindings:
-    """Tool-call ids of the live session's last turn, per protocol, at the live position (§9.7):
-    a later request answering exactly those calls continues the live KV. Read by client threads
-    while parsing, written by the worker, hence the lock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ids: dict[str, tuple[frozenset[str], int]] = {}
-
-    def remember(self, api: str, ids, pos: int) -> None:
-        with self._lock:
-            self._ids[api] = (frozenset(ids), pos)
-
-    def clear(self, api: str) -> None:
-        with self._lock:
-            self._ids.pop(api, None)
-
-    def has(self, api: str, call_id: str) -> bool:
-        with self._lock:
-            b = self._ids.get(api)
-            return b is not None and call_id in b[0]
-
-    def matches(self, api: str, ids, pos: int) -> bool:
-        with self._lock:
-            b = self._ids.get(api)
-            return b is not None and b[1] == pos and b[0] == frozenset(ids)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Worker:
     """Owns ``engine``'s single live session (``ctx`` tokens) and executes jobs in order."""
 
     def __init__(self, engine, ctx: int, default_tokens: int, kv_cache=None, tool_memory: ToolMemory | None = None,
-                 trace=None) -> None:
+                 trace=None, metrics: Metrics | None = None) -> None:
         self.engine = engine
+        self.metrics = metrics if metrics is not None else Metrics()
         self.tok = engine.tokenizer
         self.session = engine.session(ctx=ctx)
         self.ctx = ctx
@@ -286,6 +131,7 @@ class Worker:
         self.stopping = False
         self.jobs_started = 0
         self.jobs_done = 0
+        self.running = 0
         self.last_result: JobResult | None = None
         self._queue: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
@@ -299,6 +145,10 @@ class Worker:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="ds4-worker", daemon=True)
         self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
 
     def submit(self, job: Job) -> bool:
         """Queue a job; False when the server is stopping (the caller answers 503)."""
@@ -326,8 +176,18 @@ class Worker:
                     return
                 job = self._queue.popleft()
                 self.jobs_started += 1
+                self.running = 1
             try:
+                if job.sink.failed:  # its client went away while it waited: no abandoned work
+                    self.metrics.cancel()
+                    job.result = self.last_result = JobResult(error="client disconnected before the job started")
+                    continue
                 job.result = self.run_job(job)
+                r = job.result
+                self.metrics.job(JobStats(r.prompt_tokens, r.cached, r.completion, r.prefill_s, r.decode_s,
+                                          r.source))
+                if r.error.startswith("client disconnected"):
+                    self.metrics.cancel()
             except Exception as e:  # never let one request kill the worker
                 log.exception("ds4-server: job failed")
                 self.session.reset()
@@ -337,8 +197,10 @@ class Worker:
                     job.sink.send(shapes.sse_error(job.req.api, str(e)))
                 job.result = JobResult(error=str(e))
             finally:
+                self.running = 0
                 self.jobs_done += 1
                 job.done.set()
+                job.sink.close()
 
     def shutdown_store(self) -> None:
         """Save the live state as a "shutdown" checkpoint (disk cache only)."""
@@ -405,7 +267,7 @@ class Worker:
                 "Responses continuation state is not available; retry by replaying the full input history"
                 if req.api == "responses" else
                 "Anthropic continuation state is not available; retry by replaying the full messages history")
-        if old_pos and _common_prefix(live, req.prompt) == old_pos and len(req.prompt) >= old_pos:
+        if old_pos and len(req.prompt) >= old_pos and self.session.common_prefix(req.prompt) == old_pos:
             return req.prompt, old_pos, "memory-token", None
         tl = self._thinking_live
         if (old_pos and tl is not None and req.kind == "chat" and req.api != "responses" and tl[1] == old_pos
@@ -440,7 +302,9 @@ class Worker:
         req, sink = job.req, job.sink
 
         def progress(done: int, total: int) -> None:
-            if not req.stream or sink.failed:
+            if sink.failed:
+                raise _ClientGone()
+            if not req.stream:
                 return
             now = time.monotonic()
             if not sink.headers_sent:
@@ -476,6 +340,13 @@ class Worker:
                 from ..errors import ContextOverflowError
                 raise ContextOverflowError(f"prompt has {len(tokens)} tokens, context is {self.ctx}")
             self._sync(job, tokens, cached, plan)
+        except _ClientGone:
+            # the evaluated prefix is still a valid live state (the session's position is the
+            # tokens done), so the next request can reuse it
+            res.error = "client disconnected during prefill"
+            res.prefill_s = time.monotonic() - t0
+            log.info("ds4-server: %s", res.error)
+            return res
         except Ds4Error as e:
             self.session.reset()
             self._thinking_live = None
@@ -486,6 +357,7 @@ class Worker:
             else:
                 sink.error(500, res.error)
             return res
+        res.prefill_s = time.monotonic() - t0
         if source != "thinking-visible":
             self._thinking_live = None
         if source not in ("responses-visible", "responses-tool-output"):
@@ -500,28 +372,17 @@ class Worker:
                     f"source={source} max_tokens={req.max_tokens}\n--- prompt text\n{req.prompt_text}\n")
 
         self.seq += 1
-        resp_id = f"{'chatcmpl' if req.kind == 'chat' else 'cmpl'}-{self.seq}"
-        stream_chat = stream_anth = stream_resp = None
-        if req.stream:
-            if sink.failed or not sink.sse_headers():
-                return res
-            if req.api == "responses":
-                stream_resp = ResponsesStream(sink.send, req)
-                if not stream_resp.start():
-                    return res
-            elif req.api == "anthropic":
-                stream_anth = AnthropicStream(sink.send, resp_id, req.model, req.thinking, req.has_tools,
-                                              lambda: self._new_ids(1, req.api)[0])
-                if not stream_anth.start(usage):
-                    return res
-            elif req.kind == "chat":
-                stream_chat = OpenAIChatStream(sink.send, resp_id, req.model, req.thinking, req.has_tools,
-                                               lambda: self._new_ids(1, req.api)[0])
-                if not stream_chat.start():
-                    return res
+        resp_id = {"anthropic": "msg_"}.get(req.api, "chatcmpl-" if req.kind == "chat" else "cmpl-") + secrets.token_hex(12)
+        self.last_logprobs = [] if req.logprobs else None  # filled by the decode loop, read by the output
+        output = _OUTPUTS["completion" if req.kind == "completion" else req.api](
+            sink, resp_id, req, lambda: self._new_ids(1, req.api)[0], self.tok, self.last_logprobs)
+        if req.stream and (sink.failed or not sink.sse_headers() or not output.start(usage)):
+            res.error = "client disconnected"
+            return res
 
-        text, finish, completion, err = self._decode(req, sink, resp_id, stream_chat or stream_resp, stream_anth)
-        res.text, res.completion = text, completion
+        t1 = time.monotonic()
+        text, finish, completion, err = self._decode(req, sink, output)
+        res.text, res.completion, res.decode_s = text, completion, time.monotonic() - t1
         usage = shapes.Usage(len(tokens), cached, completion)
 
         content = reasoning = None
@@ -533,6 +394,11 @@ class Worker:
         if req.kind == "chat":
             parsed = parse_generated(final_text, req.thinking)
             content, reasoning = parsed.content, parsed.reasoning
+            if req.thinking and req.prompt_text.endswith(THINK_START) and THINK_END not in final_text:
+                # the reasoning never closed (max_tokens or the context cut it): it is reasoning,
+                # as the stream already said, not content
+                content = ""
+                reasoning = final_text[len(THINK_START):] if final_text.startswith(THINK_START) else final_text
             raw_dsml = parsed.raw_dsml
             if not parsed.ok and req.has_tools and finish != "error":
                 recovered = True
@@ -540,10 +406,7 @@ class Worker:
                 log.warning("ds4-server: invalid tool call returned as assistant text finish=%s", finish)
             if parsed.tool_calls:
                 calls = parsed.tool_calls
-                live = (stream_chat or stream_anth).tool_ids if (stream_chat or stream_anth) else []
-                if req.api == "responses":
-                    live = []
-                ids = list(live[:len(calls)])  # ids already sent while the calls streamed
+                ids = list(output.tool_ids[:len(calls)])  # ids already sent while the calls streamed
                 ids += self._new_ids(len(calls) - len(ids), req.api)
                 if parsed.raw_dsml:
                     self.tools.remember(ids, parsed.raw_dsml)
@@ -569,28 +432,9 @@ class Worker:
             else:
                 self.live.clear("anthropic")
 
-        if req.stream:
-            if stream_resp is not None:
-                stream_resp.finish(text, recovered, calls, ids, finish, usage)
-            elif stream_anth is not None:
-                stream_anth.finish(text, calls, ids, finish, completion)
-            elif stream_chat is not None:
-                stream_chat.finish(text, calls, ids, finish, usage, req.include_usage)
-            else:
-                out = shapes.completion_chunk(resp_id, req.model, "", finish)
-                if req.include_usage:
-                    out += shapes.usage_chunk(resp_id, req.model, "completion", usage)
-                sink.send(out + b"data: [DONE]\n\n")
-        elif req.api == "responses":
-            sink.response(200, responses_final(req, content or "", reasoning, calls, ids, finish, usage))
-        elif req.api == "anthropic":
-            sink.response(200, shapes.anthropic_final(resp_id, req.model, content or "", reasoning, calls, ids,
-                                                      finish, usage))
-        elif req.kind == "chat":
-            sink.response(200, shapes.chat_final(resp_id, req.model, content or "", reasoning, calls, ids,
-                                                 finish, usage))
-        else:
-            sink.response(200, shapes.completion_final(resp_id, req.model, final_text, finish, usage))
+        stop_seq = self.last_stop.decode("utf-8", "replace") if self.last_stop is not None else None
+        output.finish(Turn(text, finish, usage, content or "", reasoning, calls, ids, recovered, stop_seq,
+                           self.last_logprobs))
         if calls and self.tools.max_ids <= 0 and req.kind == "chat" and req.api != "responses":
             self._canonicalize(req, content or "", reasoning, calls)
         self._trace(f"--- generated ({completion} tokens, finish={finish}{', error=' + err if err else ''})\n"
@@ -603,7 +447,7 @@ class Worker:
                             raw_dsml: str | None) -> None:
         """After a Responses turn, remember the transcript a client replaying it will render, at
         the live position (§9.7 responses-visible): the hidden reasoning stays in the KV."""
-        from ..chat import render_tool_calls
+        from ..chat_template import render_tool_calls
 
         if finish in ("error", "length") or not self.session.pos:
             self._responses_live = None
@@ -618,7 +462,7 @@ class Worker:
     def _canonicalize(self, req: Request, content: str, reasoning: str | None, calls) -> None:
         """Without exact DSML replay the next request renders these calls canonically (§8.7):
         make the live state hold that canonical transcript so the next turn reuses it."""
-        from ..chat import render_tool_calls
+        from ..chat_template import render_tool_calls
 
         suffix = ((reasoning or "") + "</think>" if req.thinking else "") + content
         suffix += render_tool_calls([(c.name, c.arguments) for c in calls]) + EOS_TEXT
@@ -627,7 +471,7 @@ class Worker:
         live = self.session.tokens
         if live == canonical or self._token_bytes(live) == rendered.encode("utf-8"):
             return
-        common = _common_prefix(live, canonical)
+        common = self.session.common_prefix(canonical)
         if common < len(req.prompt):
             log.info("ds4-server: tool checkpoint canonicalization skipped: common=%d prompt=%d", common,
                      len(req.prompt))
@@ -665,42 +509,55 @@ class Worker:
             return req.seed
         return ((int(time.time()) << 32) ^ (self.seq << 1) ^ (id(req) & 0xFFFFFFFF) ^ os.getpid()) & ((1 << 64) - 1)
 
-    def _decode(self, req: Request, sink: Sink, resp_id: str, stream_chat, stream_anth) -> tuple[bytes, str, int, str]:
-        """The sampling loop (§9.5 step 4-7): returns (raw text, finish, completion tokens, error)."""
+    def _decode(self, req: Request, sink: Sink, output: Output) -> tuple[bytes, str, int, str]:
+        """The sampling loop (§9.5 step 4-7): returns (raw text, finish, completion tokens, error).
+
+        Token choice, stop strings and tool-block detection are the shared decode step
+        (:mod:`ds4.decoding`); what is the server's own: every sampled token is evaluated, stops
+        match the raw bytes (reasoning included), thinking mode overrides the sampling knobs, a
+        forced tool choice writes the call opening once the reasoning is closed, DSML inside
+        reasoning is never a call, and continued disk checkpoints are written between tokens."""
         s = self.session
         eos = self.tok.special.eos
         text = bytearray()
         finish, err = "length", ""
         completion = 0
         max_tokens = max(0, min(req.max_tokens, self.ctx - s.pos))
-        rng = Rng(self._seed(req))
-        stops = req.stops
-        max_stop = max((len(x) for x in stops), default=0)
-        stop_scan_from = 0
-        plain_pos = 0
+        temperature, top_k, top_p, min_p = req.temperature, req.top_k, req.top_p, req.min_p
+        if req.thinking:  # the official API ignores sampling knobs in thinking mode
+            temperature, top_k, top_p, min_p = DEFAULT_TEMPERATURE, 0, DEFAULT_TOP_P, DEFAULT_MIN_P
         tools_live = req.kind == "chat" and req.has_tools
+        dsml = DsmlTracker() if tools_live else None  # where output is inside a DSML block (greedy rule)
+        picker = TokenPicker(temperature, top_k, top_p, min_p, Rng(self._seed(req)), dsml,
+                             req.top_logprobs if req.logprobs else None, req.logit_bias, req.presence_penalty,
+                             req.frequency_penalty)
+        stops = StopMatcher(req.stops)
         thinking = ThinkingTracker(req.prompt_text)
-        wait_think_close = req.thinking and thinking.inside
-        saw_start = saw_end = orphan_logged = False
-        tool_scan_from = 0
-        dsml = DsmlTracker()  # where generation is inside a DSML block (greedy rule, §3.7)
+        # tool blocks count only after the reasoning is closed (DSML inside reasoning is never a call)
+        watch = ToolBlockWatch(0) if tools_live and not (req.thinking and thinking.inside) else None
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text_str = ""  # append-only decoded view for the tracker
+        text_str = ""  # append-only decoded view for the DSML tracker and the block watch
+        # forced tool choice: once the reasoning is closed, the DSML call opening is written for
+        # the model (evaluated, not sampled), so the turn can only continue as that tool call
+        force_pending = tools_live and req.forced_tool is not None
+        self.last_stop: bytes | None = None
 
         while not self.stopping and completion < max_tokens and s.pos < self.ctx:
-            in_tool = tools_live and dsml.in_tool
-            if (self.kv is not None and not (tools_live and (saw_start or in_tool))
+            if sink.failed:  # the client went away (streamed or not): stop generating for it
+                finish, err = "error", "client disconnected"
+                break
+            if force_pending and not (req.thinking and thinking.inside):
+                force_pending = False
+                picker.force(self.tok.encode_rendered(forced_tool_opening(req.forced_tool)))
+            if (self.kv is not None and not (tools_live and ((watch is not None and watch.opened) or dsml.in_tool))
                     and self.kv.continued_target(s.pos)):
                 self.kv.maybe_store_continued(s, self.engine, **self._store_kw())
-            temperature, top_k, top_p, min_p = req.temperature, req.top_k, req.top_p, req.min_p
-            if req.thinking:  # the official API ignores sampling knobs in thinking mode
-                temperature, top_k, top_p, min_p = DEFAULT_TEMPERATURE, 0, DEFAULT_TOP_P, DEFAULT_MIN_P
-            if in_tool and dsml.greedy:
-                temperature = 0.0
-            token = sample(s.logits, temperature, top_k, top_p, min_p, rng)
+            token = picker.pick(s.logits)
             if token == eos:
                 finish = "stop"
                 break
+            if self.last_logprobs is not None:
+                self.last_logprobs.append((token, picker.logprob, [(t.id, t.logprob) for t in picker.tops]))
             try:
                 s.eval(token)
             except Ds4Error as e:
@@ -713,59 +570,31 @@ class Worker:
             if tools_live:
                 text_str += decoder.decode(piece)
                 dsml.update(text_str)
+                if req.thinking and thinking.inside:
+                    watch = None
+                elif watch is None:
+                    k = text_str.rfind("</think>")
+                    watch = ToolBlockWatch(k + len("</think>") if k >= 0 else len(text_str))
 
-            hit = find_stop(stops, text, stop_scan_from)
-            stream_len = hit[0] if hit else stop_safe_len(stops, len(text))
-            stream_len = utf8_safe_len(text, plain_pos if stream_chat is None and stream_anth is None else 0,
-                                       min(stream_len, len(text)), hit is not None)
-            if hit is None and max_stop > 1:
-                stop_scan_from = max(len(text) - (max_stop - 1), 0)
-
-            ok = True
-            if req.stream:
-                view = bytes(text[:stream_len])
-                if stream_anth is not None:
-                    ok = stream_anth.update(view)
-                elif stream_chat is not None:
-                    ok = stream_chat.update(view)
-                elif stream_len > plain_pos:
-                    ok = sink.send(shapes.completion_chunk(resp_id, req.model,
-                                                           text[plain_pos:stream_len].decode("utf-8", "replace")))
-                    plain_pos = stream_len
-            if not ok:
-                finish, err = "error", "client stream write failed"
+            _, matched = stops.push(piece)
+            released = stops.released  # bytes that cannot be the start of a stop string
+            stream_len = utf8_safe_len(text, 0, released, matched is not None)
+            if req.stream and not output.update(bytes(text[:stream_len])):
+                finish, err = "error", "client disconnected"
                 break
 
-            if tools_live:
-                if req.thinking and thinking.inside:
-                    wait_think_close = True  # DSML inside reasoning is never executable
-                    tool_scan_from = len(text)
-                else:
-                    if wait_think_close:
-                        k = text.rfind(b"</think>")
-                        tool_scan_from = k + 8 if k >= 0 else len(text)
-                        wait_think_close = False
-                    saw_start, saw_end, orphan = observe_tool_markers(bytes(text), min(tool_scan_from, len(text)),
-                                                                      saw_start, saw_end)
-                    if orphan and not orphan_logged:
-                        orphan_logged = True
-                        log.warning("ds4-server: ignored orphan tool-call end marker after %d tokens", completion)
-                    tool_scan_from = max(tool_scan_from, len(text) - 80)
-
-            if hit is not None:
+            if matched is not None:
                 finish = "stop"
-                del text[hit[0]:]
+                self.last_stop = matched
+                del text[released:]
                 s.reset()  # the KV holds tokens past the visible end
                 break
-            if tools_live and saw_end:
+            if watch is not None and watch.closed(text_str):
                 finish = "tool_calls"
                 break
 
         if self.stopping and finish != "error":
             finish, err = "error", "shutdown requested"
-        if tools_live and saw_start and not saw_end and finish != "error":
+        if watch is not None and watch.opened and finish not in ("error", "tool_calls"):
             finish, err = "error", "unterminated tool call"
-        if req.stream and stream_chat is None and stream_anth is None and len(text) > plain_pos:
-            if not sink.send(shapes.completion_chunk(resp_id, req.model, text[plain_pos:].decode("utf-8", "replace"))):
-                finish = "error"
         return bytes(text), finish, completion, err
