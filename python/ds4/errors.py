@@ -22,6 +22,7 @@ __all__ = [
     "Ds4IOError",
     "SessionBusyError",
     "Ds4MemoryError",
+    "PipelineError",
 ]
 
 
@@ -57,7 +58,8 @@ class TokenizerError(Ds4Error, ValueError):
 
 
 class CancelledError(Ds4Error):
-    """A long call (prefill) was cancelled between chunks; the session is left consistent."""
+    """A long call (prefill) was cancelled (between layers or chunks); the session keeps the chunks that
+    finished and is consistent."""
 
 
 class Ds4IOError(Ds4Error, OSError):
@@ -71,3 +73,9 @@ class SessionBusyError(Ds4Error, RuntimeError):
 
 class Ds4MemoryError(Ds4Error, MemoryError):
     """The core could not allocate what a call needs (a context or batch too large for the machine)."""
+
+
+class PipelineError(Ds4Error):
+    """A pipeline stage on another process or machine died, did not answer in time, or could not be
+    placed (or Ray, which runs the stages, is not installed). The message names the stage; resume
+    the conversation on a new pipeline from a saved payload or the disk KV cache."""

@@ -165,13 +165,16 @@ def read_payload_info(
     indexer_head_dim: int | None = None,
     n_vocab: int | None = None,
     exact: bool = True,
+    allow_empty: bool = False,
 ) -> PayloadInfo:
     """Validate a payload's structure against the model's compress ratios and return its layout.
 
     Checks magic/version, that the layout fields match the model (layer count = ``len(ratios)``,
     and the given dims), the raw-ring invariants, row counts against the saved compressed cap, and
     that ``len(data)`` equals the size the header implies (``exact=False`` accepts a longer buffer,
-    for reading a prefix of a file). Raises :class:`~ds4.errors.CacheFormatError` naming the field.
+    for reading a prefix of a file; ``allow_empty`` accepts a payload of no tokens, which an empty
+    session writes but the cache never stores). Raises :class:`~ds4.errors.CacheFormatError` naming
+    the field.
     """
     h = read_payload_header(data)
     expected_dims = {
@@ -185,7 +188,7 @@ def read_payload_info(
             raise CacheFormatError(
                 f"KV checkpoint was written for a different DS4 layout: {name} {found}, model has {want}"
             )
-    if h.tokens == 0:
+    if h.tokens == 0 and not allow_empty:
         raise CacheFormatError("session payload holds no tokens (header field 7 is 0)")
     if h.tokens >= h.ctx:
         raise CacheFormatError(f"session payload has {h.tokens} tokens for ctx {h.ctx}; at most ctx-1 fit")
@@ -350,7 +353,7 @@ def split_payload(data: bytes | memoryview, ratios: Sequence[int], ranges: Seque
     :func:`merge_payloads` is the inverse (byte for byte). Validates ``data`` first
     (:class:`~ds4.errors.CacheFormatError`), so nothing is cut from a bad file.
     """
-    info = read_payload_info(data, ratios)
+    info = read_payload_info(data, ratios, allow_empty=True)
     h = info.header
     view = memoryview(data)
     head_end = PAYLOAD_HEADER_BYTES + _U32 * h.tokens + _F32 * h.n_vocab
@@ -369,7 +372,7 @@ def merge_payloads(parts: Sequence[bytes | memoryview], ratios: Sequence[int],
     """Join the payloads of chained stages (each over its ``ranges[k]`` layers of a model with
     compress ``ratios``) into the payload one engine over all layers writes. The tokens and the
     header must agree between stages; the logits are the last stage's."""
-    infos = [read_payload_info(p, ratios[l0:l1]) for p, (l0, l1) in zip(parts, ranges)]
+    infos = [read_payload_info(p, ratios[l0:l1], allow_empty=True) for p, (l0, l1) in zip(parts, ranges)]
     if len(infos) != len(ranges) or not infos:
         raise CacheFormatError(f"{len(parts)} stage payloads for {len(ranges)} stages")
     first, last = infos[0].header, infos[-1].header

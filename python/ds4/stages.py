@@ -26,14 +26,17 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import resource
+import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from .errors import CancelledError, ContextOverflowError, InvalidArgumentError, UnsupportedModelError
-from .payload import merge_payloads, split_payload
+from .payload import PAYLOAD_HEADER_BYTES, merge_payloads, read_payload_header, split_payload
 
 __all__ = ["split_layers", "StageHost", "StageLink", "StagedTimeline", "Pipeline"]
 
@@ -75,11 +78,13 @@ class StageHost:
         self.engine = Engine(path, threads=threads, prefill_chunk=prefill_chunk, mtp_path=mtp_path,
                              layers=tuple(layers))
         self._sessions: dict[int, Any] = {}
+        self._trace: collections.deque[tuple[int, int, int, float, float]] = collections.deque(maxlen=4096)
 
     def describe(self) -> dict[str, Any]:
         e = self.engine
         return {"layers": e.layers, "threads": e.threads, "has_mtp": e.has_mtp, "pid": os.getpid(),
-                "decode_weight_bytes": int(e._model.decode_weight_bytes)}
+                "host": socket.gethostname(), "decode_weight_bytes": int(e._model.decode_weight_bytes),
+                "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
     def open(self, sid: int, ctx: int) -> None:
         from . import _core
@@ -89,7 +94,19 @@ class StageHost:
         self._sessions.pop(sid, None)
 
     def forward(self, sid: int, tokens: np.ndarray, pos0: int, hc_in: np.ndarray | None, prefill: bool) -> np.ndarray:
-        return self._sessions[sid].forward(tokens, pos0, hc_in, prefill)
+        t0 = time.monotonic()
+        out = self._sessions[sid].forward(tokens, pos0, hc_in, prefill)
+        self._trace.append((sid, pos0, len(tokens), t0, time.monotonic()))
+        return out
+
+    def trace(self, clear: bool = True) -> list[tuple[int, int, int, float, float]]:
+        """The last forward calls as ``(sid, pos0, n_tokens, start, end)`` in ``time.monotonic()``
+        seconds (one clock for every process of a machine): what the benchmark and the overlap
+        test read to see when each stage worked."""
+        out = list(self._trace)
+        if clear:
+            self._trace.clear()
+        return out
 
     def call(self, sid: int, method: str, *args: Any) -> Any:
         """A stage-session method other than forward (reset, save_payload, load_payload, ...)."""
@@ -258,10 +275,9 @@ class StagedTimeline:
             self._stale = True
             self._has_logits = False
             raise
-        from .payload import read_payload_header
         h = read_payload_header(data)
-        off = 52 + 4 * h.tokens
-        self._tokens = np.frombuffer(bytes(data[52:off]), dtype="<u4").astype(np.int64).tolist()
+        off = PAYLOAD_HEADER_BYTES + 4 * h.tokens
+        self._tokens = np.frombuffer(bytes(data[PAYLOAD_HEADER_BYTES:off]), dtype="<u4").astype(np.int64).tolist()
         self._logits[:] = np.frombuffer(bytes(data[off:off + 4 * h.n_vocab]), dtype="<f4")
         self._has_logits = bool(self._tokens)
         self._stale = False
@@ -279,7 +295,14 @@ class StagedTimeline:
     def last_hidden(self) -> np.ndarray:
         raise UnsupportedModelError("a pipeline keeps the final hidden state on its last stage")
 
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:   # interpreter shutdown, or a remote stage already gone
+            pass
+
     def close(self) -> None:
+        """Free the stage sessions (their KV state); the timeline is unusable afterwards."""
         for link in self._links:
             close = getattr(link, "close", None)
             if close is not None:

@@ -22,6 +22,8 @@ from ds4.errors import CacheFormatError, InvalidArgumentError
 from ds4.payload import merge_payloads, split_payload, synthetic_payload
 from ds4.stages import LocalLink, Pipeline, StageHost, split_layers
 
+from _lockstep import lockstep as _lockstep
+
 
 def _tokens(n: int, seed: int, vocab: int = 512) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
@@ -30,24 +32,6 @@ def _tokens(n: int, seed: int, vocab: int = 512) -> list[int]:
 @pytest.fixture(scope="module")
 def tiny6_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ds4.testing.write_model(tmp_path_factory.mktemp("tiny6") / "t6.gguf", "tiny6", experts="q2", seed=3)
-
-
-def _lockstep(one, many, prompts, decode: int) -> None:
-    """Drive both sessions through the same prompts (each a sync that may reuse or rebuild) and
-    decode steps; compare logits after every step and payloads after every prompt."""
-    for k, prompt in enumerate(prompts):
-        one.sync(prompt)
-        many.sync(prompt)
-        assert np.array_equal(one.logits, many.logits), f"prompt {k}"
-        assert many.save_payload() == one.save_payload(), f"payload after prompt {k}"
-        for i in range(decode):
-            t = one.argmax()
-            assert many.argmax() == t
-            one.eval(t)
-            many.eval(t)
-            assert np.array_equal(one.logits, many.logits), f"prompt {k} decode step {i}"
-        assert many.save_payload() == one.save_payload(), f"payload after decoding prompt {k}"
-        assert many.tokens == one.tokens
 
 
 @pytest.mark.parametrize("stages", [2, 4])
@@ -101,6 +85,16 @@ def test_payloads_cross_between_pipeline_and_engine(tiny_path) -> None:
     one.rewind(60)
     many.rewind(60)
     assert np.array_equal(one.logits, many.logits) and many.save_payload() == one.save_payload()
+
+
+def test_empty_timeline_payload(tiny_path) -> None:
+    # An empty session writes a payload of no tokens; the pipeline's is the same bytes and loads.
+    one = ds4.Engine(tiny_path, threads=1).session(ctx=64)
+    many = Pipeline(tiny_path, stages=2, threads=1).session(ctx=64)
+    assert many.save_payload() == one.save_payload()
+    many.sync([1, 2, 3])
+    many.restore(one.snapshot())
+    assert many.pos == 0 and many.save_payload() == one.save_payload()
 
 
 def test_bad_payload_leaves_pipeline_unchanged(tiny_path) -> None:
@@ -218,3 +212,14 @@ def test_split_and_merge_are_inverse(sizes: list[int], n_tokens: int, seed: int)
         bad[52] ^= 1
         with pytest.raises(CacheFormatError, match="out of step"):
             merge_payloads([parts[0], bytes(bad), *parts[2:]], ratios, ranges)
+
+
+def test_pipeline_engine_without_ray_says_how_to_get_it(tiny_path, monkeypatch) -> None:
+    import sys
+
+    from ds4.distributed import PipelineEngine
+    from ds4.errors import PipelineError
+
+    monkeypatch.setitem(sys.modules, "ray", None)   # import ray -> ImportError
+    with pytest.raises(PipelineError, match=r"pip install 'ds4\[distributed\]'"):
+        PipelineEngine(tiny_path, stages=2)

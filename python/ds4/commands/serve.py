@@ -50,6 +50,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cpu", dest="backend", action="store_const", const="cpu", help="CPU backend (default)")
     p.add_argument("--metal", dest="backend", action="store_const", const="metal", help="Metal backend (not in this build)")
     p.add_argument("--cuda", dest="backend", action="store_const", const="cuda", help="CUDA backend (not in this build)")
+    p.add_argument("--pipeline-stages", type=_positive("--pipeline-stages"), default=None, metavar="N",
+                   help="split the layers into N stages, one Ray actor each (needs ds4[distributed]; see docs/distributed.md)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="Ray cluster to place the stages on (default: a local Ray instance)")
     p.add_argument("--host", default="127.0.0.1", help="IPv4 address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--cors", action="store_true",
@@ -67,8 +71,21 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _open_engine(args: argparse.Namespace, path: str | os.PathLike[str]):
+    """A local Engine, or with --pipeline-stages a PipelineEngine on Ray (same session API)."""
+    if args.pipeline_stages is None:
+        if args.ray_address is not None:
+            raise InvalidArgumentError("--ray-address needs --pipeline-stages N")
+        from ..engine import Engine
+        return Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
+    if args.backend != "cpu":
+        raise InvalidArgumentError(f"--pipeline-stages runs CPU stages; --{args.backend} is not available for them")
+    from ..distributed import PipelineEngine
+    return PipelineEngine(path, stages=args.pipeline_stages, address=args.ray_address, threads=args.threads,
+                          mtp_path=args.mtp)
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..engine import Engine
     from ..kvcache_cli import from_args
     from ..server import ServerConfig, serve
     from ..testing import default_model_path
@@ -85,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     path = args.model if args.model is not None else default_model_path()
     if not os.path.exists(path):
         raise Ds4IOError(f"{path}: model file not found")
-    engine = Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
+    engine = _open_engine(args, path)
     kv = from_args(args)
     trace = None
     if args.trace:
