@@ -209,8 +209,9 @@ class Engine:
         Raises :class:`~ds4.errors.CacheFormatError` saying which field is wrong."""
         from .payload import read_payload_info
         s = self.shape
+        # an empty session's payload (no tokens) is valid here: the core restores it as empty
         return read_payload_info(data, s.compress_ratios, head_dim=s.head_dim,
-                                 indexer_head_dim=s.indexer_head_dim, n_vocab=s.n_vocab)
+                                 indexer_head_dim=s.indexer_head_dim, n_vocab=s.n_vocab, allow_empty=True)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """Text generation; see :func:`ds4.generation.generate` (``kv_cache=`` a
