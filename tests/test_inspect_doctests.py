@@ -1,4 +1,4 @@
-"""The runnable examples in the docstrings of the inspection/layout/testing/stages modules."""
+"""The runnable examples in the docstrings of the inspection/layout/testing/stages/backends modules."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["ds4.layout", "ds4.memory_plan", "ds4.inspection", "ds4.testing", "ds4.stages"]
+MODULES = ["ds4.layout", "ds4.memory_plan", "ds4.inspection", "ds4.testing", "ds4.stages", "ds4.backends"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -77,19 +77,21 @@ std::vector<ds4::TensorDesc> tensors_from_list(const py::list& lst) {
 void init_engine(py::module_& m) {
     py::class_<ds4::Model, std::shared_ptr<ds4::Model>>(m, "Model")
         .def(py::init([](const std::string& path, const py::dict& shape, const py::list& tensors, int threads,
-                         int64_t prefill_chunk, int layer_begin, int layer_end) {
+                         int64_t prefill_chunk, int layer_begin, int layer_end, const std::string& backend) {
                  ds4::ModelOptions o;
                  o.threads = threads;
                  o.prefill_chunk = prefill_chunk;
                  o.layer_begin = layer_begin;
                  o.layer_end = layer_end;
+                 o.backend = backend;
                  ds4::Shape s = shape_from_dict(shape);
                  std::vector<ds4::TensorDesc> descs = tensors_from_list(tensors);
                  py::gil_scoped_release nogil;
                  return std::make_shared<ds4::Model>(path, s, descs, o);
              }),
              py::arg("path"), py::arg("shape"), py::arg("tensors"), py::arg("threads") = 0,
-             py::arg("prefill_chunk") = 0, py::arg("layer_begin") = 0, py::arg("layer_end") = 0)
+             py::arg("prefill_chunk") = 0, py::arg("layer_begin") = 0, py::arg("layer_end") = 0,
+             py::arg("backend") = "auto")
         .def("load_mtp",
              [](ds4::Model& self, const std::string& path, const py::list& tensors) {
                  self.load_mtp(path, tensors_from_list(tensors));
@@ -98,12 +100,20 @@ void init_engine(py::module_& m) {
         .def_property_readonly("threads", &ds4::Model::threads)
         .def_property_readonly("layer_begin", &ds4::Model::layer_begin)
         .def_property_readonly("layer_end", &ds4::Model::layer_end)
+        .def_property_readonly("backend", [](const ds4::Model& self) { return std::string(self.backend().name()); })
         .def_property("prefill_chunk", &ds4::Model::prefill_chunk, &ds4::Model::set_prefill_chunk)
         .def_property_readonly("has_mtp", [](const ds4::Model& self) { return self.weights().mtp.present; })
         .def_property_readonly("routed_bits", [](const ds4::Model& self) { return self.weights().routed_bits; })
         .def_property_readonly("file_bytes", &ds4::Model::file_bytes)
         .def_property_readonly("decode_weight_bytes", &ds4::Model::decode_weight_bytes)
         .def("chunk_for", &ds4::Model::chunk_for);
+
+    // The backend registry: (name, available, reason) in "auto" preference order.
+    m.def("available_backends", [] {
+        std::vector<std::tuple<std::string, bool, std::string>> out;
+        for (const ds4::backend::BackendInfo& b : ds4::backend::available_backends()) out.emplace_back(b.name, b.available, b.reason);
+        return out;
+    });
 
     // Internal, for tests: the indexer's top-k selection over a score vector.
     m.def("_select_top_k", [](py::array_t<float, py::array::c_style | py::array::forcecast> scores, int64_t k) {

@@ -22,6 +22,7 @@
 #include "common/errors.h"
 #include "common/thread_pool.h"
 #include "quant/kernels.h"
+#include "quant/simd.h"
 
 namespace py = pybind11;
 

@@ -8,6 +8,7 @@ void init_quant(py::module_& m);
 void init_engine(py::module_& m);
 void init_session(py::module_& m);
 void init_stage(py::module_& m);
+void init_backend_ops(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "ds4 compiled core (internal; use the ds4 package API)";
@@ -16,4 +17,5 @@ PYBIND11_MODULE(_core, m) {
     init_engine(m);
     init_session(m);
     init_stage(m);
+    init_backend_ops(m);
 }

@@ -8,10 +8,11 @@ Model::Model(const std::string& path, const Shape& shape, const std::vector<Tens
              const ModelOptions& opts)
     : shape_(shape), prefill_chunk_(opts.prefill_chunk) {
     shape_.validate();
+    backend_ = backend::create_backend(opts.backend, opts.threads);
     file_ = std::make_unique<MappedFile>(path);
     table_ = std::make_unique<TensorTable>(file_->data(), file_->size(), path, tensors);
     weights_.bind(shape_, *table_, opts.layer_begin, opts.layer_end > 0 ? opts.layer_end : shape_.n_layer);
-    pool_ = std::make_unique<ThreadPool>(opts.threads);
+    file_buffer_ = backend_->map_model(file_->data(), file_->size());
 }
 
 void Model::load_mtp(const std::string& path, const std::vector<TensorDesc>& tensors) {
@@ -22,6 +23,7 @@ void Model::load_mtp(const std::string& path, const std::vector<TensorDesc>& ten
     } else {
         mtp_file_ = std::make_unique<MappedFile>(path);
         mtp_table_ = std::make_unique<TensorTable>(mtp_file_->data(), mtp_file_->size(), path, tensors);
+        mtp_file_buffer_ = backend_->map_model(mtp_file_->data(), mtp_file_->size());
     }
     weights_.bind_mtp(shape_, *mtp_table_);
 }

@@ -1,11 +1,12 @@
-// A loaded model: the mapped GGUF file(s), the bound weights and the thread pool. Immutable after
-// construction and shared by every session of an Engine.
+// A loaded model: the mapped GGUF file(s), the bound weights and the backend that runs them (the
+// file mapping registered with it, zero-copy). Immutable after construction and shared by every
+// session of an Engine; each session runs on its own backend stream.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "common/thread_pool.h"
+#include "backend/backend.h"
 #include "model/mapped_file.h"
 #include "model/shape.h"
 #include "model/tensor.h"
@@ -20,6 +21,7 @@ struct ModelOptions {
     // the last layer). Only their tensors are bound, so only their pages of the file are read.
     int layer_begin = 0;
     int layer_end = 0;
+    std::string backend = "auto";    // a name of backend::available_backends(), or "auto"
 };
 
 class Model {
@@ -35,8 +37,9 @@ public:
     int layer_end() const { return weights_.layer_end; }
     bool first_stage() const { return weights_.first_stage(); }
     bool last_stage() const { return weights_.last_stage(shape_); }
-    ThreadPool* pool() const { return pool_.get(); }
-    int threads() const { return pool_->size(); }
+    // The backend is a device handle: allocation and streams are safe from any session.
+    backend::Backend& backend() const { return *backend_; }
+    int threads() const { return backend_->threads(); }
     int64_t prefill_chunk() const { return prefill_chunk_; }
     void set_prefill_chunk(int64_t n) { prefill_chunk_ = n; }
     // Tokens per prefill chunk for a prompt of n tokens.
@@ -52,7 +55,8 @@ private:
     std::unique_ptr<MappedFile> mtp_file_;
     std::unique_ptr<TensorTable> mtp_table_;
     ModelWeights weights_;
-    std::unique_ptr<ThreadPool> pool_;
+    std::unique_ptr<backend::Backend> backend_;
+    std::unique_ptr<backend::Buffer> file_buffer_, mtp_file_buffer_;
     int64_t prefill_chunk_ = 0;
 };
 

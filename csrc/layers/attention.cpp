@@ -6,6 +6,7 @@
 #include "common/thread_pool.h"
 #include "layers/numerics.h"
 #include "quant/kernels.h"
+#include "quant/simd.h"
 
 namespace ds4 {
 
@@ -14,17 +15,21 @@ namespace {
 // One range of heads. Dot is a functor (not a pointer) so the row dots inline and vectorise.
 template <class Dot>
 void attend_heads(const AttentionInputs& in, float* out, float* scores, int64_t h0, int64_t h1, Dot dot) {
-    const Shape& s = in.kv->shape;
-    const int64_t D = s.head_dim;
-    const int64_t n_raw = in.kv->layer(in.il).n_raw;
-    const int64_t stride = in.kv->raw_cap + in.n_comp;
+    const int64_t D = in.head_dim;
+    const int64_t n_raw = in.n_raw;
+    const int64_t stride = in.raw_cap + in.n_comp;
+    auto raw_row = [&](int64_t i) {
+        int64_t slot = in.raw_first + i;
+        if (slot >= in.raw_cap) slot -= in.raw_cap;
+        return in.raw + slot * D;
+    };
     const float kq_scale = 1.0f / std::sqrt((float)D);
     for (int64_t h = h0; h < h1; ++h) {
         const float* qh = in.q + h * D;
         float* sc = scores + h * stride;
         float mx = in.sinks[h];
         for (int64_t r = 0; r < n_raw; ++r) {
-            sc[r] = dot(qh, in.kv->raw_row(in.il, r), D) * kq_scale;
+            sc[r] = dot(qh, raw_row(r), D) * kq_scale;
             if (sc[r] > mx) mx = sc[r];
         }
         for (int64_t r = 0; r < in.n_comp; ++r) {
@@ -41,7 +46,7 @@ void attend_heads(const AttentionInputs& in, float* out, float* scores, int64_t 
         float denom = std::exp(in.sinks[h] - mx);
         for (int64_t r = 0; r < n_raw; ++r) {
             const float w = std::exp(sc[r] - mx);
-            const float* row = in.kv->raw_row(in.il, r);
+            const float* row = raw_row(r);
             denom += w;
             for (int64_t i = 0; i < D; ++i) oh[i] += w * row[i];
         }
@@ -73,7 +78,7 @@ void attend(const AttentionInputs& in, float* out, float* scores, ThreadPool* po
         if (lanes) attend_heads(in, out, scores, h0, h1, LanesDot{});
         else attend_heads(in, out, scores, h0, h1, SeqDot{});
     };
-    const int64_t n_head = in.kv->shape.n_head;
+    const int64_t n_head = in.n_head;
     if (pool) pool->parallel_for(n_head, std::ref(heads), 1); else heads(0, n_head);
 }
 

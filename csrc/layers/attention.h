@@ -4,7 +4,6 @@
 #pragma once
 #include <cstdint>
 
-#include "state/kv_state.h"
 
 namespace ds4 {
 
@@ -12,12 +11,14 @@ class ThreadPool;
 
 struct AttentionInputs {
     const float* q;              // n_head x head_dim, RoPE'd
-    const KvState* kv;
-    int il;
+    const float* raw;            // ring of raw_cap rows of head_dim
+    int64_t raw_cap, n_raw;
+    int64_t raw_first;           // ring slot of the oldest live row
     const float* comp;           // n_comp x head_dim compressed rows (may be null when n_comp == 0)
     int64_t n_comp;
     const uint8_t* allowed;      // n_comp flags, or null: all compressed rows visible
     const float* sinks;          // n_head
+    int64_t n_head, head_dim;
 };
 
 // out: n_head x head_dim. scores: n_head x (raw_cap + n_comp) floats of scratch.

@@ -5,6 +5,8 @@
 
 #include "layers/fp_quant.h"
 #include "layers/numerics.h"
+#include "layers/rope.h"
+#include "model/shape.h"
 #include "quant/kernels.h"
 
 namespace ds4 {
@@ -54,36 +56,34 @@ void pool_state(float* out, const float* skv, const float* ssc, int64_t hd, int 
 
 }  // namespace
 
-bool compressor_step(const CompressorLane& lane, const CompressorWeights& w, float* skv, float* ssc,
-                     const float* kv_cur, float* sc_cur, int64_t pos, float* out, float* tmp) {
-    const int ratio = lane.ratio;
-    const int64_t hd = lane.head_dim;
+void compressor_store(const TensorRef& ape, float* skv, float* ssc, const float* kv_cur, float* sc_cur, int ratio,
+                      int64_t hd, int64_t pos, float* tmp) {
     const int64_t width = Shape::coff(ratio) * hd;
     const int64_t pos_mod = pos % ratio;
     const int64_t row = ratio == 4 ? ratio + pos_mod : pos_mod;
-
     // APE row pos_mod of the [width, ratio] tensor, added to the score only.
-    dequantize_row(w.ape.type, w.ape.data + pos_mod * w.ape.row_stride(), tmp, width);
+    dequantize_row(ape.type, ape.data + pos_mod * ape.row_stride(), tmp, width);
     for (int64_t j = 0; j < width; ++j) sc_cur[j] += tmp[j];
     std::memcpy(skv + row * width, kv_cur, (size_t)width * sizeof(float));
     std::memcpy(ssc + row * width, sc_cur, (size_t)width * sizeof(float));
-    if ((pos + 1) % ratio != 0) return false;
+}
 
+void compressor_pool(const float* norm, const float* skv, const float* ssc, int ratio, int64_t hd, int64_t n_rot,
+                     float eps, const RopeParams& rope, int64_t pos, bool fp8, float* out, float* tmp) {
     pool_state(tmp, skv, ssc, hd, ratio);
-    rms_norm_weight(out, tmp, w.norm.f32(), hd, lane.eps);
-    rope_tail(out, 1, hd, lane.n_rot, pos + 1 - ratio, *lane.rope, false);
-    if (lane.fp8) {
-        fp8_kv_roundtrip(out, hd, lane.n_rot);
+    rms_norm_weight(out, tmp, norm, hd, eps);
+    rope_tail(out, 1, hd, n_rot, pos, rope, false);
+    if (fp8) {
+        fp8_kv_roundtrip(out, hd, n_rot);
     } else {
         indexer_qat_row(out, hd);
     }
-    if (ratio == 4) {
-        // The current window becomes the previous one; rows 4..7 keep their contents and are
-        // overwritten before the next emission.
-        std::memcpy(skv, skv + 4 * width, (size_t)(4 * width) * sizeof(float));
-        std::memcpy(ssc, ssc + 4 * width, (size_t)(4 * width) * sizeof(float));
-    }
-    return true;
+}
+
+void compressor_shift(float* skv, float* ssc, int64_t hd) {
+    const int64_t width = Shape::coff(4) * hd;
+    std::memcpy(skv, skv + 4 * width, (size_t)(4 * width) * sizeof(float));
+    std::memcpy(ssc, ssc + 4 * width, (size_t)(4 * width) * sizeof(float));
 }
 
 }  // namespace ds4

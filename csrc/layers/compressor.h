@@ -1,28 +1,29 @@
 // The KV compressor (docs/model.md §3.7): a per-dimension softmax pooling of every `ratio` tokens into
 // one row, with a learned score (gate + APE). Ratio-4 layers pool two overlapping lanes (previous
-// window first halves, current window second halves).
+// window first halves, current window second halves). Three steps, one per backend op: store a
+// token into the frontier, pool a closed window into a row, and (ratio 4) shift the windows.
 #pragma once
 #include <cstdint>
 
-#include "layers/rope.h"
-#include "model/weights.h"
+#include "model/rope_params.h"
+#include "model/tensor.h"
 
 namespace ds4 {
 
-struct CompressorLane {
-    int64_t head_dim;        // lane row width: attention head_dim or indexer_head_dim
-    int ratio;               // 4 or 128
-    bool fp8;                // true: FP8 on the non-RoPE dims; false: Hadamard-128 + FP4 (indexer)
-    int64_t n_rot;
-    float eps;
-    const RopeParams* rope;
-};
+// One token at position pos: adds APE row pos % ratio (dequantised through tmp, width floats)
+// to score_cur, then writes kv_cur / score_cur (coff*head_dim floats) into the frontier row of
+// this position.
+void compressor_store(const TensorRef& ape, float* state_kv, float* state_score, const float* kv_cur,
+                      float* score_cur, int ratio, int64_t head_dim, int64_t pos, float* tmp);
 
-// One token at position pos. kv_cur / sc_cur are this token's coff*head_dim projections; sc_cur
-// is modified (APE added). Updates the frontier; when the token closes a window writes the new
-// row to out (head_dim floats, before the cache's f16 round trip) and returns true.
-// `tmp` needs coff*head_dim floats.
-bool compressor_step(const CompressorLane& lane, const CompressorWeights& w, float* state_kv, float* state_score,
-                     const float* kv_cur, float* sc_cur, int64_t pos, float* out, float* tmp);
+// The closed window's row: softmax pool -> RMSNorm(norm) -> RoPE at the window's first position
+// `pos` -> FP8 (fp8) or Hadamard-128 + FP4. out: head_dim floats; tmp: head_dim floats.
+void compressor_pool(const float* norm, const float* state_kv, const float* state_score, int ratio,
+                     int64_t head_dim, int64_t n_rot, float eps, const RopeParams& rope, int64_t pos, bool fp8,
+                     float* out, float* tmp);
+
+// Ratio 4: the current window (rows 4..7) becomes the previous one (rows 0..3); rows 4..7 keep
+// their contents and are overwritten before the next emission.
+void compressor_shift(float* state_kv, float* state_score, int64_t head_dim);
 
 }  // namespace ds4

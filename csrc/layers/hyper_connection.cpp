@@ -7,16 +7,18 @@
 namespace ds4 {
 
 void hc_split_sinkhorn(const float* mix, const float* scale, const float* base, int n, int iters, float eps,
-                       HcSplit& out) {
+                       float* split) {
+    float* pre = split;
+    float* post = split + n;
+    float* c = split + 2 * n;
     for (int i = 0; i < n; ++i) {
         const float z = mix[i] * scale[0] + base[i];
-        out.pre[i] = 1.0f / (1.0f + std::exp(-z)) + eps;
+        pre[i] = 1.0f / (1.0f + std::exp(-z)) + eps;
     }
     for (int i = 0; i < n; ++i) {
         const float z = mix[n + i] * scale[1] + base[n + i];
-        out.post[i] = 2.0f / (1.0f + std::exp(-z));
+        post[i] = 2.0f / (1.0f + std::exp(-z));
     }
-    float* c = out.comb;
     // "Rows" are the contiguous groups c[n*a + 0..n-1]; "columns" stride by n.
     for (int a = 0; a < n; ++a) {
         float mx = kNeg;
@@ -62,27 +64,15 @@ void hc_weighted_sum(float* out, const float* R, const float* w, int64_t n_embd,
     }
 }
 
-void hc_post(float* out, const float* block, const float* R, const HcSplit& s, int64_t n_embd, int n_hc) {
+void hc_post(float* out, const float* block, const float* R, const float* split, int64_t n_embd, int n_hc) {
+    const float* post = hc_split_post(split, n_hc);
+    const float* comb = hc_split_comb(split, n_hc);
     for (int dst = 0; dst < n_hc; ++dst) {
         for (int64_t d = 0; d < n_embd; ++d) {
-            float acc = block[d] * s.post[dst];
-            for (int src = 0; src < n_hc; ++src) acc += s.comb[n_hc * src + dst] * R[src * n_embd + d];
+            float acc = block[d] * post[dst];
+            for (int src = 0; src < n_hc; ++src) acc += comb[n_hc * src + dst] * R[src * n_embd + d];
             out[dst * n_embd + d] = acc;
         }
-    }
-}
-
-void hc_pre_batch(const Shape& s, const TensorRef& fn, const TensorRef& scale, const TensorRef& base,
-                  const float* H, int64_t nb, float* x, HcSplit* splits, HcScratch scratch, ActBuffer& act,
-                  ThreadPool* pool) {
-    const int64_t hd = s.hc_dim();
-    const int mixn = s.hc_mix();
-    for (int64_t b = 0; b < nb; ++b) rms_norm_no_weight(scratch.flat + b * hd, H + b * hd, hd, s.rms_eps);
-    linear(fn, scratch.flat, nb, scratch.mix, act, pool);
-    for (int64_t b = 0; b < nb; ++b) {
-        hc_split_sinkhorn(scratch.mix + b * mixn, scale.f32(), base.f32(), s.n_hc, s.sinkhorn_iters, s.hc_eps,
-                          splits[b]);
-        hc_weighted_sum(x + b * s.n_embd, H + b * hd, splits[b].pre, s.n_embd, s.n_hc);
     }
 }
 

@@ -3,36 +3,22 @@
 #pragma once
 #include <cstdint>
 
-#include "layers/linear.h"
-#include "model/shape.h"
-
 namespace ds4 {
 
-struct HcSplit {
-    float pre[16];
-    float post[16];
-    float comb[256];   // comb[n_hc*src + dst]
-};
+// A split row holds 2*n_hc + n_hc*n_hc floats: pre[n_hc], post[n_hc], comb[n_hc*src + dst].
+inline const float* hc_split_pre(const float* split) { return split; }
+inline const float* hc_split_post(const float* split, int n_hc) { return split + n_hc; }
+inline const float* hc_split_comb(const float* split, int n_hc) { return split + 2 * n_hc; }
 
 // pre = sigmoid + eps, post = 2*sigmoid, comb = Sinkhorn(row softmax + eps, then column/row
 // normalisations), all from the mix projection.
 void hc_split_sinkhorn(const float* mix, const float* scale, const float* base, int n_hc, int iters, float eps,
-                       HcSplit& out);
+                       float* split);
 
 // out[d] = sum_h R[h][d] * w[h], h ascending from 0.
 void hc_weighted_sum(float* out, const float* R, const float* w, int64_t n_embd, int n_hc);
 
 // out[dst][d] = block[d]*post[dst] + sum_src comb[n_hc*src + dst] * R[src][d].
-void hc_post(float* out, const float* block, const float* R, const HcSplit& s, int64_t n_embd, int n_hc);
-
-struct HcScratch {
-    float* flat;   // nb * hc_dim
-    float* mix;    // nb * hc_mix
-};
-
-// HC pre for nb tokens: H is nb x hc_dim, x is nb x n_embd, splits[nb].
-void hc_pre_batch(const Shape& s, const TensorRef& fn, const TensorRef& scale, const TensorRef& base,
-                  const float* H, int64_t nb, float* x, HcSplit* splits, HcScratch scratch, ActBuffer& act,
-                  ThreadPool* pool);
+void hc_post(float* out, const float* block, const float* R, const float* split, int64_t n_embd, int n_hc);
 
 }  // namespace ds4

@@ -8,15 +8,15 @@
 #include "common/thread_pool.h"
 #include "layers/fp_quant.h"
 #include "layers/numerics.h"
+#include "layers/rope.h"
 #include "quant/kernels.h"
+#include "quant/simd.h"
 
 namespace ds4 {
 
-void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* q, float* w, const float* rows,
-                    int64_t n_comp, float* scores, int32_t* order, uint8_t* allowed, ThreadPool* pool) {
-    const int64_t nh = s.indexer_heads;
-    const int64_t hd = s.indexer_head_dim;
-    rope_tail(q, nh, hd, s.n_rot, pos, rope, false);
+void indexer_scores(float* q, float* w, const float* rows, int64_t n_comp, int64_t nh, int64_t hd, int64_t n_rot,
+                    int64_t pos, const RopeParams& rope, float* scores, ThreadPool* pool) {
+    rope_tail(q, nh, hd, n_rot, pos, rope, false);
     for (int64_t h = 0; h < nh; ++h) indexer_qat_row(q + h * hd, hd);
     const float scale = 1.0f / std::sqrt((float)(hd * nh));
     for (int64_t h = 0; h < nh; ++h) w[h] *= scale;
@@ -42,8 +42,6 @@ void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* 
         }
     };
     if (pool) pool->parallel_for(n_comp, std::ref(score_rows), 64); else score_rows(0, n_comp);
-
-    select_top_k(scores, n_comp, s.indexer_top_k, order, allowed);
 }
 
 void select_top_k(const float* scores, int64_t n, int64_t k, int32_t* order, uint8_t* allowed) {

@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "layers/rope.h"
+#include "model/rope_params.h"
 #include "model/shape.h"
 
 namespace ds4 {
@@ -13,12 +13,11 @@ class ThreadPool;
 // Whether a query at this point needs the indexer at all (n_comp > top_k).
 inline bool indexer_needed(const Shape& s, int64_t n_comp) { return n_comp > s.indexer_top_k; }
 
-// q: indexer_heads x indexer_head_dim projection of qr_norm (modified: RoPE, Hadamard, FP4).
-// w: indexer_heads projection of the attention input (modified: scaled).
-// rows: n_comp x indexer_head_dim compressed indexer rows. Writes allowed[0..n_comp) (1 = kept,
-// exactly top_k ones) using scores (n_comp floats) and order (n_comp ints) of scratch.
-void indexer_select(const Shape& s, const RopeParams& rope, int64_t pos, float* q, float* w, const float* rows,
-                    int64_t n_comp, float* scores, int32_t* order, uint8_t* allowed, ThreadPool* pool);
+// Prepares one query (q: n_head x head_dim, modified: RoPE at pos, Hadamard-128 + FP4 per head;
+// w: n_head weights, modified: scaled by 1/sqrt(head_dim*n_head)) and scores every compressed
+// row: scores[c] = sum_h max(0, rows[c]·q_h) * w[h].
+void indexer_scores(float* q, float* w, const float* rows, int64_t n_rows, int64_t n_head, int64_t head_dim,
+                    int64_t n_rot, int64_t pos, const RopeParams& rope, float* scores, ThreadPool* pool);
 
 // Upstream's selection, as a function: marks the top k rows by (score desc, index asc) among
 // scores above the -1e30 sentinel (NaN never selected); like upstream's repeated scans, row 0

@@ -26,12 +26,11 @@ void topk_desc(const float* score, int n, int k, int32_t* idx) {
 
 }  // namespace
 
-void route_token(const Shape& s, const FfnWeights& w, const float* logits, int32_t token, int32_t* sel,
-                 float* weights, float* probs) {
-    const int ne = s.n_expert, nu = s.n_expert_used;
+void route_token(const float* logits, int ne, int nu, const TensorRef* bias, const TensorRef* hash, float weight_scale,
+                 int32_t token, int32_t* sel, float* weights, float* probs) {
     for (int e = 0; e < ne; ++e) probs[e] = std::sqrt(softplus_stable(logits[e]));
-    if (w.tid2eid) {
-        const int32_t* row = reinterpret_cast<const int32_t*>(w.tid2eid.data) + (int64_t)token * nu;
+    if (hash) {
+        const int32_t* row = reinterpret_cast<const int32_t*>(hash->data) + (int64_t)token * nu;
         for (int i = 0; i < nu; ++i) {
             if (row[i] < 0 || row[i] >= ne) {
                 fail(ErrorKind::ModelFormat, "hash routing table maps token " + std::to_string(token) + " to expert " +
@@ -44,8 +43,8 @@ void route_token(const Shape& s, const FfnWeights& w, const float* logits, int32
         // biased copy lives in the second half of the scratch (2*n_expert floats).
         float* biased = probs + ne;
         for (int e = 0; e < ne; ++e) biased[e] = probs[e];
-        if (w.exp_probs_b) {
-            const float* b = w.exp_probs_b.f32();
+        if (bias) {
+            const float* b = bias->f32();
             for (int e = 0; e < ne; ++e) biased[e] += b[e];
         }
         topk_desc(biased, ne, nu, sel);
@@ -56,7 +55,7 @@ void route_token(const Shape& s, const FfnWeights& w, const float* logits, int32
         sum += weights[i];
     }
     if (sum < 6.103515625e-5f) sum = 6.103515625e-5f;
-    for (int i = 0; i < nu; ++i) weights[i] = weights[i] / sum * s.expert_weights_scale;
+    for (int i = 0; i < nu; ++i) weights[i] = weights[i] / sum * weight_scale;
 }
 
 void swiglu(float* mid, const float* g, const float* u, int64_t n, float c, float scale) {
@@ -71,25 +70,25 @@ void swiglu(float* mid, const float* g, const float* u, int64_t n, float c, floa
     }
 }
 
-void routed_experts(const Shape& s, const FfnWeights& w, const float* x, const int32_t* sel, const float* weights,
-                    float* out, MoeScratch sc, ThreadPool* pool) {
-    const int nu = s.n_expert_used;
-    const int64_t E = s.n_embd, F = s.n_ff_exp;
-    const GgmlType gt = w.gate_exps.type, dt = w.down_exps.type;
+void routed_experts(const RoutedExperts& w, const float* x, const int32_t* sel, const float* weights, float* out,
+                    MoeScratch sc, ThreadPool* pool) {
+    const int nu = w.n_used;
+    const int64_t E = w.n_embd, F = w.n_ff;
+    const GgmlType gt = w.gate->type, dt = w.down->type;
     const int64_t xb = act_bytes(gt, E);
     uint8_t* xq = sc.xq->ensure(xb);
     quantize_act(gt, x, xq, E);
-    matvec_experts(gt, w.gate_exps.data, s.n_expert, F, E, sel, nu, xq, 0, sc.gate, pool);
-    matvec_experts(gt, w.up_exps.data, s.n_expert, F, E, sel, nu, xq, 0, sc.up, pool);
+    matvec_experts(gt, w.gate->data, w.n_expert, F, E, sel, nu, xq, 0, sc.gate, pool);
+    matvec_experts(gt, w.up->data, w.n_expert, F, E, sel, nu, xq, 0, sc.up, pool);
     const int64_t mb = act_bytes(dt, F);
     uint8_t* mq = sc.midq->ensure(mb * nu);
     for (int i = 0; i < nu; ++i) {
         // The routing weight scales mid before the down projection (upstream's order).
         float* mid = sc.mid + i * F;
-        swiglu(mid, sc.gate + i * F, sc.up + i * F, F, s.swiglu_clamp, weights[i]);
+        swiglu(mid, sc.gate + i * F, sc.up + i * F, F, w.clamp, weights[i]);
         quantize_act(dt, mid, mq + i * mb, F);
     }
-    matvec_experts(dt, w.down_exps.data, s.n_expert, E, F, sel, nu, mq, mb, sc.down, pool);
+    matvec_experts(dt, w.down->data, w.n_expert, E, F, sel, nu, mq, mb, sc.down, pool);
     for (int64_t r = 0; r < E; ++r) {
         float acc = 0.0f;
         for (int i = 0; i < nu; ++i) acc += sc.down[i * E + r];
@@ -97,28 +96,28 @@ void routed_experts(const Shape& s, const FfnWeights& w, const float* x, const i
     }
 }
 
-void routed_experts_batch(const Shape& s, const FfnWeights& w, const float* x, int64_t nb, const int32_t* sel,
+void routed_experts_batch(const RoutedExperts& w, const float* x, int64_t nb, const int32_t* sel,
                           const float* weights, float* out, MoeScratch sc, ThreadPool* pool) {
     if (nb == 1) {
-        routed_experts(s, w, x, sel, weights, out, sc, pool);
+        routed_experts(w, x, sel, weights, out, sc, pool);
         return;
     }
-    const int64_t nu = s.n_expert_used;
-    const int64_t E = s.n_embd, F = s.n_ff_exp;
-    const GgmlType gt = w.gate_exps.type, dt = w.down_exps.type;
+    const int64_t nu = w.n_used;
+    const int64_t E = w.n_embd, F = w.n_ff;
+    const GgmlType gt = w.gate->type, dt = w.down->type;
     const int64_t xb = act_bytes(gt, E);
     uint8_t* xq = sc.xq->ensure(xb * nb);
     for (int64_t b = 0; b < nb; ++b) quantize_act(gt, x + b * E, xq + b * xb, E);
-    matmul_experts(gt, w.gate_exps.data, s.n_expert, F, E, sel, nb, nu, xq, xb, 0, sc.gate, pool);
-    matmul_experts(gt, w.up_exps.data, s.n_expert, F, E, sel, nb, nu, xq, xb, 0, sc.up, pool);
+    matmul_experts(gt, w.gate->data, w.n_expert, F, E, sel, nb, nu, xq, xb, 0, sc.gate, pool);
+    matmul_experts(gt, w.up->data, w.n_expert, F, E, sel, nb, nu, xq, xb, 0, sc.up, pool);
     const int64_t mb = act_bytes(dt, F);
     uint8_t* mq = sc.midq->ensure(mb * nu * nb);
     for (int64_t p = 0; p < nb * nu; ++p) {
         float* mid = sc.mid + p * F;
-        swiglu(mid, sc.gate + p * F, sc.up + p * F, F, s.swiglu_clamp, weights[p]);
+        swiglu(mid, sc.gate + p * F, sc.up + p * F, F, w.clamp, weights[p]);
         quantize_act(dt, mid, mq + p * mb, F);
     }
-    matmul_experts(dt, w.down_exps.data, s.n_expert, E, F, sel, nb, nu, mq, nu * mb, mb, sc.down, pool);
+    matmul_experts(dt, w.down->data, w.n_expert, E, F, sel, nb, nu, mq, nu * mb, mb, sc.down, pool);
     for (int64_t b = 0; b < nb; ++b) {
         const float* down = sc.down + b * nu * E;
         float* o = out + b * E;

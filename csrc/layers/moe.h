@@ -5,17 +5,27 @@
 #include <cstdint>
 
 #include "layers/linear.h"
-#include "model/shape.h"
-#include "model/weights.h"
+#include "model/tensor.h"
 
 namespace ds4 {
 
 // From the router logits of one token: the selected experts (slot order) and their weights.
-void route_token(const Shape& s, const FfnWeights& w, const float* logits, int32_t token, int32_t* sel,
-                 float* weights, float* probs_scratch);
+// bias: F32 [n_expert] or null; hash: I32 [n_used x n_vocab] token -> experts, or null (top-k).
+void route_token(const float* logits, int n_expert, int n_used, const TensorRef* bias, const TensorRef* hash,
+                 float weight_scale, int32_t token, int32_t* sel, float* weights, float* probs_scratch);
 
 // mid[i] = silu(min(g, c)) * clamp(u, -c, c) * scale (c <= 1e-6 disables the clamp).
 void swiglu(float* mid, const float* g, const float* u, int64_t n, float clamp, float scale);
+
+// The routed experts of one layer: three [n_embd|n_ff] x n_expert stacks of matrices.
+struct RoutedExperts {
+    const TensorRef* gate;
+    const TensorRef* up;
+    const TensorRef* down;
+    int n_expert, n_used;
+    int64_t n_embd, n_ff;
+    float clamp;
+};
 
 struct MoeScratch {
     float* gate;      // n_expert_used * n_ff_exp
@@ -27,8 +37,8 @@ struct MoeScratch {
 };
 
 // out[n_embd] = sum over slots (in slot order, from 0) of down_e(Q8_K(mid_e)).
-void routed_experts(const Shape& s, const FfnWeights& w, const float* x, const int32_t* sel, const float* weights,
-                    float* out, MoeScratch scratch, ThreadPool* pool);
+void routed_experts(const RoutedExperts& w, const float* x, const int32_t* sel, const float* weights, float* out,
+                    MoeScratch scratch, ThreadPool* pool);
 
 // Tokens per batched routed-experts call in prefill: enough pairs per expert that each expert's
 // weights are streamed once for many tokens, while the per-pair buffers stay a few MB.
@@ -38,7 +48,7 @@ constexpr int64_t kMoeTokenBatch = 256;
 // x[b*n_embd], sel/weights[b*n_expert_used], out[b*n_embd]. Same bits as nb calls of
 // routed_experts: every dot product is the same kernel call on the same bytes, and each token's
 // slots are summed in slot order.
-void routed_experts_batch(const Shape& s, const FfnWeights& w, const float* x, int64_t nb, const int32_t* sel,
+void routed_experts_batch(const RoutedExperts& w, const float* x, int64_t nb, const int32_t* sel,
                           const float* weights, float* out, MoeScratch scratch, ThreadPool* pool);
 
 }  // namespace ds4

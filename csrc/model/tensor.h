@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "quant/kernels.h"
+#include "quant/types.h"
 
 namespace ds4 {
 

@@ -1,4 +1,4 @@
-// Weight formats and the dot-product kernels of the CPU backend.
+// The CPU backend's quantised kernels: dequantisation, activation preparation, row products.
 //
 // A weight row of n elements is consumed together with an *activation* of the same n elements,
 // prepared once by quantize_act() in the format that weight type wants (upstream numerics):
@@ -8,30 +8,12 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <string>
-#include <vector>
+
+#include "quant/types.h"
 
 namespace ds4 {
 
 class ThreadPool;
-
-enum class GgmlType : uint32_t {
-    F32 = 0, F16 = 1, Q8_0 = 8, Q2_K = 10, Q4_K = 12, Q8_K = 15, IQ2_XXS = 16, I32 = 26, BF16 = 30,
-};
-
-struct TypeTraits {
-    const char* name;
-    int64_t block_elems;   // elements per block (1 for plain types)
-    int64_t block_bytes;   // bytes per block
-};
-
-bool is_known_type(uint32_t t) noexcept;
-const TypeTraits& type_traits(GgmlType t);                 // throws Unsupported for unknown types
-int64_t row_bytes(GgmlType t, int64_t n_elems);            // throws InvalidArgument if n % block != 0
-
-struct BlockQ8_0Act { float d; int8_t qs[32]; };
-struct BlockQ8K { float d; int8_t qs[256]; int16_t bsums[16]; };
-static_assert(sizeof(BlockQ8K) == 292, "Q8_K block layout");
 
 // ---- exact dequantisation (one row or any whole number of blocks) ----
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
@@ -44,9 +26,6 @@ void quantize_q8_0_act(const float* x, BlockQ8_0Act* out, int64_t n);
 void quantize_q8_K(const float* x, BlockQ8K* out, int64_t n);
 
 // ---- products ----
-// One row: dot(W row, x) where xq came from quantize_act(weight_type, ...).
-float dot_row(GgmlType weight_type, const void* w_row, const void* xq, int64_t n);
-
 // y[r] = dot(W row r, xq), r in [0, rows). W rows are row_bytes(t, n) apart.
 void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, float* y,
             ThreadPool* pool = nullptr);
@@ -71,14 +50,5 @@ void matvec_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
 void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, int64_t n, const int32_t* ids,
                     int64_t n_tokens, int64_t n_used, const void* xq, int64_t tok_stride, int64_t slot_stride,
                     float* y, ThreadPool* pool = nullptr);
-
-// ---- SIMD path selection (run time) ----
-// AVX512VNNI: the AVX-512 kernels with VNNI integer dot steps, bit-identical to AVX512.
-enum class SimdPath { Scalar = 0, AVX2 = 1, AVX512 = 2, NEON = 3, AVX512VNNI = 4 };
-std::vector<SimdPath> available_simd_paths();              // what this CPU + build can run
-SimdPath simd_path();                                      // currently active
-void set_simd_path(SimdPath p);                            // throws Unsupported if unavailable
-const char* simd_path_name(SimdPath p);
-// Initial choice: env DS4_SIMD=scalar|avx2|avx512|avx512vnni|neon if set and available, else the best one.
 
 }  // namespace ds4

@@ -1,5 +1,5 @@
 // Matrix-vector products over whole weight matrices. Work is split by output rows only (each row
-// is one dot_row call), so results are bit-identical for every thread count.
+// is one row-dot kernel call), so results are bit-identical for every thread count.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -48,12 +48,6 @@ inline void prefetch_span(const uint8_t* p, int64_t bytes, const uint8_t* hi) {
 }
 
 }  // namespace
-
-float dot_row(GgmlType weight_type, const void* w_row, const void* xq, int64_t n) {
-    row_bytes(weight_type, n);
-    DotFn fn = dot_fn(active_kernels(), weight_type);
-    return fn(w_row, xq, n);
-}
 
 void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, float* y, ThreadPool* pool) {
     check_dims("matvec", rows, n);

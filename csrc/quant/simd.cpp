@@ -7,6 +7,7 @@
 
 #include "common/errors.h"
 #include "quant/dot_kernels.h"
+#include "quant/simd.h"
 
 #if defined(DS4_ARCH_X86)
 #define DS4_HAVE_X86_KERNELS 1

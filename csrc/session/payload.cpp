@@ -12,6 +12,17 @@ namespace {
 class Writer {
 public:
     explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
+    // A backend tensor's bytes: straight from host-visible memory, else through a download.
+    void tensor(backend::Stream& st, const backend::Tensor& t) {
+        if (t.nbytes() == 0) return;
+        if (t.buffer->host()) {
+            bytes(t.host<uint8_t>(), t.nbytes());
+            return;
+        }
+        const size_t at = out_.size();
+        out_.resize(at + (size_t)t.nbytes());
+        st.download(t, out_.data() + at, (uint64_t)t.nbytes());
+    }
     void u32(uint32_t v) { bytes(&v, 4); }
     void floats(const float* p, int64_t n) { bytes(p, n * 4); }
     void bytes(const void* p, int64_t n) {
@@ -33,6 +44,17 @@ public:
         return v;
     }
     void floats(float* dst, int64_t n) { bytes(dst, n * 4); }
+    // Fills a backend tensor: straight into host-visible memory, else through an upload.
+    void tensor(backend::Stream& st, const backend::Tensor& t) {
+        if (t.nbytes() == 0) return;
+        if (t.buffer->host()) {
+            bytes(t.host<uint8_t>(), t.nbytes());
+            return;
+        }
+        if ((uint64_t)t.nbytes() > n_ - at_) fail(ErrorKind::CacheFormat, "truncated session payload");
+        st.upload(t, p_ + at_, (uint64_t)t.nbytes());
+        at_ += (size_t)t.nbytes();
+    }
     void bytes(void* dst, int64_t n) {
         if (n < 0 || (uint64_t)n > n_ - at_) fail(ErrorKind::CacheFormat, "truncated session payload");
         if (n) std::memcpy(dst, p_ + at_, (size_t)n);
@@ -65,8 +87,8 @@ int64_t payload_bytes(const KvState& kv, int64_t T) {
     return n;
 }
 
-void write_payload(const KvState& kv, const std::vector<int32_t>& tokens, const float* logits,
-                   std::vector<uint8_t>& out) {
+void write_payload(backend::Stream& st, const KvState& kv, const std::vector<int32_t>& tokens,
+                   const backend::Tensor& logits, std::vector<uint8_t>& out) {
     const Shape& s = kv.shape;
     const int64_t T = (int64_t)tokens.size();
     const int64_t R = std::min<int64_t>(kv.raw_cap, T);
@@ -81,28 +103,28 @@ void write_payload(const KvState& kv, const std::vector<int32_t>& tokens, const 
                                  (uint32_t)s.n_vocab, (uint32_t)R};
     for (uint32_t v : header) w.u32(v);
     for (int32_t t : tokens) w.u32((uint32_t)t);
-    w.floats(logits, s.n_vocab);
+    w.tensor(st, logits);
     for (const LayerKv& L : kv.layers) w.u32((uint32_t)L.n_comp);
     for (const LayerKv& L : kv.layers) w.u32((uint32_t)L.n_index_comp);
     for (size_t k = 0; k < kv.layers.size(); ++k) {
         const LayerKv& L = kv.layers[k];
         const int il = kv.first_layer + (int)k;
         // The live window holds min(n_raw, R) rows; after a rebuild they are exactly the last R.
-        for (int64_t i = L.n_raw - R; i < L.n_raw; ++i) w.floats(kv.raw_row(il, i), s.head_dim);
+        for (int64_t i = L.n_raw - R; i < L.n_raw; ++i) w.tensor(st, kv.raw_row(il, i));
         if (L.ratio != 0) {
-            w.floats(L.comp.data(), L.n_comp * s.head_dim);
-            w.floats(L.attn_state_kv.data(), (int64_t)L.attn_state_kv.size());
-            w.floats(L.attn_state_score.data(), (int64_t)L.attn_state_score.size());
+            w.tensor(st, L.comp->rows(0, L.n_comp));
+            w.tensor(st, *L.attn_state_kv);
+            w.tensor(st, *L.attn_state_score);
         }
         if (L.ratio == 4) {
-            w.floats(L.index_comp.data(), L.n_index_comp * s.indexer_head_dim);
-            w.floats(L.index_state_kv.data(), (int64_t)L.index_state_kv.size());
-            w.floats(L.index_state_score.data(), (int64_t)L.index_state_score.size());
+            w.tensor(st, L.index_comp->rows(0, L.n_index_comp));
+            w.tensor(st, *L.index_state_kv);
+            w.tensor(st, *L.index_state_score);
         }
     }
 }
 
-void read_payload(const uint8_t* data, size_t size, KvState& kv, std::vector<int32_t>& tokens,
+void read_payload(backend::Stream& st, const uint8_t* data, size_t size, KvState& kv, std::vector<int32_t>& tokens,
                   std::vector<float>& logits) {
     const Shape& s = kv.shape;
     Reader r(data, size);
@@ -149,7 +171,7 @@ void read_payload(const uint8_t* data, size_t size, KvState& kv, std::vector<int
     std::vector<uint32_t> n_comp(n_layer), n_index(n_layer);
     for (uint32_t& v : n_comp) v = r.u32();
     for (uint32_t& v : n_index) v = r.u32();
-    kv.reset();
+    kv.reset(st);
     for (int il = 0; il < n_layer; ++il) {
         LayerKv& L = kv.layers[il];
         const int64_t cap = L.ratio != 0 ? L.comp_cap : 0;
@@ -162,20 +184,20 @@ void read_payload(const uint8_t* data, size_t size, KvState& kv, std::vector<int
     }
     for (int il = 0; il < n_layer; ++il) {
         LayerKv& L = kv.layers[il];
-        r.floats(L.raw.data(), R * s.head_dim);
+        r.tensor(st, L.raw->rows(0, R));
         L.n_raw = R;
         L.raw_next = R % kv.raw_cap;
         if (L.ratio != 0) {
             L.n_comp = n_comp[il];
-            r.floats(L.comp.data(), L.n_comp * s.head_dim);
-            r.floats(L.attn_state_kv.data(), (int64_t)L.attn_state_kv.size());
-            r.floats(L.attn_state_score.data(), (int64_t)L.attn_state_score.size());
+            r.tensor(st, L.comp->rows(0, L.n_comp));
+            r.tensor(st, *L.attn_state_kv);
+            r.tensor(st, *L.attn_state_score);
         }
         if (L.ratio == 4) {
             L.n_index_comp = n_index[il];
-            r.floats(L.index_comp.data(), L.n_index_comp * s.indexer_head_dim);
-            r.floats(L.index_state_kv.data(), (int64_t)L.index_state_kv.size());
-            r.floats(L.index_state_score.data(), (int64_t)L.index_state_score.size());
+            r.tensor(st, L.index_comp->rows(0, L.n_index_comp));
+            r.tensor(st, *L.index_state_kv);
+            r.tensor(st, *L.index_state_score);
         }
     }
     if (r.left() != 0) {

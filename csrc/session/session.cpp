@@ -21,18 +21,21 @@ Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::
                                              std::to_string(model_->layer_end()) +
                                              ") of the model: chain it with the other stages (ds4.stages)");
     }
-    kv_.init(model_->shape(), ctx);
+    backend::Backend& be = model_->backend();
+    const Shape& s = model_->shape();
+    stream_ = be.new_stream();
+    kv_.init(be, *stream_, s, ctx);
     tokens_.reserve((size_t)ctx);   // the decode loop never reallocates the checkpoint
-    logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
-    last_hc_.assign((size_t)model_->shape().hc_dim(), 0.0f);
+    logits_ = backend::OwnedTensor(be, backend::DType::F32, s.n_vocab, 1);
+    last_hc_ = backend::OwnedTensor(be, backend::DType::F32, s.hc_dim(), 1);
     if (model_->weights().mtp.present) {
-        mtp_kv_.init(mtp_state_shape(model_->shape()), ctx);
-        mtp_logits_.assign((size_t)model_->shape().n_vocab, 0.0f);
+        mtp_kv_.init(be, *stream_, mtp_state_shape(s), ctx);
+        mtp_logits_ = backend::OwnedTensor(be, backend::DType::F32, s.n_vocab, 1);
     }
 }
 
 void Session::reset_mtp() {
-    if (!mtp_kv_.layers.empty()) mtp_kv_.reset();
+    if (!mtp_kv_.layers.empty()) mtp_kv_.reset(*stream_);
     mtp_pos_ = -1;
 }
 
@@ -43,12 +46,13 @@ const float* Session::mtp_logits() {
         fail(ErrorKind::InvalidArgument, "MTP needs a token evaluated in this session (the hidden state is not saved in payloads)");
     }
     if (mtp_pos_ != pos()) {
-        mtp_forward(*model_, mtp_kv_, mtp_scratch_, last_hc_.data(), tokens_.back(), pos() - 1, mtp_logits_.data(),
-                    nullptr);
+        mtp_forward({*model_, *stream_, mtp_act_}, mtp_kv_, *last_hc_, tokens_.back(), pos() - 1, *mtp_logits_);
         mtp_pos_ = pos();
     }
-    return mtp_logits_.data();
+    return backend::host_floats(*stream_, *mtp_logits_, mtp_mirror_);
 }
+
+const float* Session::last_hidden() { return backend::host_floats(*stream_, *last_hc_, hc_mirror_); }
 
 void Session::check_tokens(const int32_t* t, int64_t n) const {
     const int64_t V = model_->shape().n_vocab;
@@ -63,7 +67,7 @@ void Session::check_tokens(const int32_t* t, int64_t n) const {
 void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild, bool reset_frontier) {
     if (rebuild) {
         reset_mtp();
-        kv_.reset();
+        kv_.reset(*stream_);
         tokens_.clear();
         has_logits_ = false;
         stale_ = false;
@@ -74,7 +78,7 @@ void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool 
         const int64_t m = std::min(chunk, n - done);
         const int64_t pos0 = pos();
         try {
-            forward_batch(*model_, kv_, scratch_, t + done, m, pos0, logits_.data(), last_hc_.data());
+            forward_batch(context(), kv_, t + done, m, pos0, *logits_, *last_hc_);
         } catch (...) {
             // A failure inside a chunk leaves rows of a partial chunk behind: rebuild from the
             // consistent checkpoint on next use.
@@ -91,18 +95,22 @@ void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool 
         // but it makes sync's state independent of how the prompt was split (rebuild, extend,
         // cancelled and resumed): a checkpoint taken from the progress callback equals a fresh
         // prefill of the same tokens byte for byte. Token-by-token eval leaves them, as upstream.
-        if (reset_frontier) kv_.finish_prefill(pos());
+        if (reset_frontier) kv_.finish_prefill(*stream_, pos());
         if (cb) cb(done, n);
     }
-    // A long prefill's batch buffers (GBs on Flash) are not kept for the decode that follows.
-    if (scratch_.tokens > kKeepBatchScratch) scratch_ = Scratch();
+    // A long prefill's batch buffers (GBs on Flash) are not kept for the decode that follows:
+    // neither the activations nor the stream's private work memory.
+    if (act_.rows > kKeepBatchScratch) {
+        act_ = Activations();
+        stream_ = model_->backend().new_stream();
+    }
 }
 
 void Session::materialize() {
     if (!stale_) return;
     std::vector<int32_t> toks;
     toks.swap(tokens_);
-    kv_.reset();
+    kv_.reset(*stream_);
     stale_ = false;
     has_logits_ = false;
     if (!toks.empty()) extend(toks.data(), (int64_t)toks.size(), nullptr, true, true);
@@ -110,15 +118,14 @@ void Session::materialize() {
 
 const float* Session::logits() {
     materialize();
-    return logits_.data();
+    return backend::host_floats(*stream_, *logits_, logits_mirror_);
 }
 
 int32_t Session::argmax() {
     materialize();
     if (!has_logits_) fail(ErrorKind::InvalidArgument, "the session has no logits yet: evaluate a token first");
-    const float* l = logits_.data();
     int32_t best = 0;
-    for (int32_t i = 1; i < model_->shape().n_vocab; ++i) if (l[i] > l[best]) best = i;
+    stream_->argmax({*logits_, &best});
     return best;
 }
 
@@ -171,9 +178,9 @@ void Session::rewind(int64_t p) {
 
 void Session::reset() {
     reset_mtp();
-    kv_.reset();
+    kv_.reset(*stream_);
     tokens_.clear();
-    std::fill(logits_.begin(), logits_.end(), 0.0f);
+    stream_->fill({*logits_, 0.0f});
     has_logits_ = false;
     stale_ = false;
 }
@@ -181,7 +188,7 @@ void Session::reset() {
 std::vector<uint8_t> Session::save_payload() {
     materialize();
     std::vector<uint8_t> out;
-    write_payload(kv_, tokens_, logits_.data(), out);
+    write_payload(*stream_, kv_, tokens_, *logits_, out);
     return out;
 }
 
@@ -193,15 +200,15 @@ int64_t Session::payload_size() {
 void Session::load_payload(const uint8_t* data, size_t size) {
     // Parse into a copy so a rejected payload leaves the session untouched.
     KvState fresh;
-    fresh.init(model_->shape(), ctx());
+    fresh.init(model_->backend(), *stream_, model_->shape(), ctx());
     std::vector<int32_t> toks;
     std::vector<float> logits;
-    read_payload(data, size, fresh, toks, logits);
+    read_payload(*stream_, data, size, fresh, toks, logits);
     kv_ = std::move(fresh);
     reset_mtp();
     hidden_valid_ = false;
     tokens_ = std::move(toks);
-    std::copy(logits.begin(), logits.end(), logits_.begin());
+    stream_->upload(*logits_, logits.data(), (uint64_t)logits_->nbytes());
     has_logits_ = !tokens_.empty();
     stale_ = false;
 }

@@ -6,8 +6,10 @@
 #include <memory>
 #include <vector>
 
+#include "engine/forward.h"
 #include "engine/model.h"
-#include "engine/scratch.h"
+#include "backend/backend.h"
+#include "engine/activations.h"
 #include "state/kv_state.h"
 
 namespace ds4 {
@@ -54,7 +56,7 @@ public:
     const float* mtp_logits();
 
     // Final HC state of the last evaluated token (hc_dim floats; MTP input).
-    const float* last_hidden() const { return last_hc_.data(); }
+    const float* last_hidden();
 
 private:
     void check_tokens(const int32_t* t, int64_t n) const;
@@ -62,15 +64,19 @@ private:
     void materialize();
     void reset_mtp();
 
+    ForwardContext context() { return {*model_, *stream_, act_}; }
+
     std::shared_ptr<const Model> model_;
+    std::unique_ptr<backend::Stream> stream_;
     KvState kv_;
-    Scratch scratch_;
+    Activations act_;
     std::vector<int32_t> tokens_;
-    std::vector<float> logits_;
-    std::vector<float> last_hc_;
+    backend::OwnedTensor logits_;   // n_vocab
+    backend::OwnedTensor last_hc_;  // hc_dim
     KvState mtp_kv_;
-    Scratch mtp_scratch_;
-    std::vector<float> mtp_logits_;
+    Activations mtp_act_;
+    backend::OwnedTensor mtp_logits_;
+    std::vector<float> logits_mirror_, hc_mirror_, mtp_mirror_;   // device-only backends
     int64_t mtp_pos_ = -1;          // position whose draft mtp_logits_ holds
     bool hidden_valid_ = false;     // last_hc_ belongs to the last token (not after a payload load)
     bool has_logits_ = false;

@@ -17,14 +17,16 @@ StageSession::StageSession(std::shared_ptr<const Model> model, int64_t ctx) : mo
     if (ctx < 2) fail(ErrorKind::InvalidArgument, "session context must be at least 2 tokens, got " + std::to_string(ctx));
     if (ctx > 0x7fffffff) fail(ErrorKind::InvalidArgument, "session context is too large: " + std::to_string(ctx));
     const Shape& s = model_->shape();
-    kv_.init(s, ctx, model_->layer_begin(), model_->layer_end());
+    backend::Backend& be = model_->backend();
+    stream_ = be.new_stream();
+    kv_.init(be, *stream_, s, ctx, model_->layer_begin(), model_->layer_end());
     tokens_.reserve((size_t)ctx);
     if (model_->last_stage()) {
-        logits_.assign((size_t)s.n_vocab, 0.0f);
-        last_hc_.assign((size_t)s.hc_dim(), 0.0f);
+        logits_ = backend::OwnedTensor(be, backend::DType::F32, s.n_vocab, 1);
+        last_hc_ = backend::OwnedTensor(be, backend::DType::F32, s.hc_dim(), 1);
         if (model_->weights().mtp.present) {
-            mtp_kv_.init(mtp_state_shape(s), ctx);
-            mtp_logits_.assign((size_t)s.n_vocab, 0.0f);
+            mtp_kv_.init(be, *stream_, mtp_state_shape(s), ctx);
+            mtp_logits_ = backend::OwnedTensor(be, backend::DType::F32, s.n_vocab, 1);
         }
     }
 }
@@ -67,26 +69,30 @@ void StageSession::forward(const int32_t* tokens, int64_t n, int64_t pos0, const
     }
     const bool last = model_->last_stage();
     try {
-        forward_stage(*model_, kv_, scratch_, tokens, n, pos0, hc_in, last ? nullptr : out,
-                      last ? logits_.data() : nullptr, last ? last_hc_.data() : nullptr);
+        forward_stage({*model_, *stream_, act_}, kv_, tokens, n, pos0, hc_in, last ? nullptr : out,
+                      last ? *logits_ : backend::Tensor{}, last ? *last_hc_ : backend::Tensor{});
     } catch (...) {
         broken_ = true;
         throw;
     }
     tokens_.insert(tokens_.end(), tokens, tokens + n);
     if (last) {
-        std::copy(logits_.begin(), logits_.end(), out);
+        const float* l = backend::host_floats(*stream_, *logits_, logits_mirror_);
+        std::copy(l, l + logits_->width(), out);
         hidden_valid_ = true;
     }
-    if (prefill) kv_.finish_prefill(pos());
-    if (scratch_.tokens > kKeepBatchScratch) scratch_ = Scratch();
+    if (prefill) kv_.finish_prefill(*stream_, pos());
+    if (act_.rows > kKeepBatchScratch) {
+        act_ = Activations();
+        stream_ = model_->backend().new_stream();
+    }
 }
 
 void StageSession::reset() {
-    kv_.reset();
+    kv_.reset(*stream_);
     tokens_.clear();
-    std::fill(logits_.begin(), logits_.end(), 0.0f);
-    if (!mtp_kv_.layers.empty()) mtp_kv_.reset();
+    if (logits_) stream_->fill({*logits_, 0.0f});
+    if (!mtp_kv_.layers.empty()) mtp_kv_.reset(*stream_);
     mtp_pos_ = -1;
     hidden_valid_ = false;
     broken_ = false;
@@ -94,27 +100,24 @@ void StageSession::reset() {
 
 std::vector<uint8_t> StageSession::save_payload() const {
     check_usable();
-    std::vector<float> zeros;
-    const float* logits = logits_.data();
-    if (!model_->last_stage()) {
-        zeros.assign((size_t)model_->shape().n_vocab, 0.0f);
-        logits = zeros.data();
-    }
+    // Before the last stage the payload's logits are zeros (a zero-filled buffer of n_vocab).
+    backend::OwnedTensor zeros;
+    if (!model_->last_stage()) zeros = backend::OwnedTensor(model_->backend(), backend::DType::F32, model_->shape().n_vocab, 1);
     std::vector<uint8_t> out;
-    write_payload(kv_, tokens_, logits, out);
+    write_payload(*stream_, kv_, tokens_, model_->last_stage() ? *logits_ : *zeros, out);
     return out;
 }
 
 void StageSession::load_payload(const uint8_t* data, size_t size) {
     KvState fresh;
-    fresh.init(model_->shape(), ctx(), model_->layer_begin(), model_->layer_end());
+    fresh.init(model_->backend(), *stream_, model_->shape(), ctx(), model_->layer_begin(), model_->layer_end());
     std::vector<int32_t> toks;
     std::vector<float> logits;
-    read_payload(data, size, fresh, toks, logits);
+    read_payload(*stream_, data, size, fresh, toks, logits);
     kv_ = std::move(fresh);
     tokens_ = std::move(toks);
-    if (model_->last_stage()) std::copy(logits.begin(), logits.end(), logits_.begin());
-    if (!mtp_kv_.layers.empty()) mtp_kv_.reset();
+    if (model_->last_stage()) stream_->upload(*logits_, logits.data(), (uint64_t)logits_->nbytes());
+    if (!mtp_kv_.layers.empty()) mtp_kv_.reset(*stream_);
     mtp_pos_ = -1;
     hidden_valid_ = false;
     broken_ = false;
@@ -127,11 +130,10 @@ const float* StageSession::mtp_logits() {
         fail(ErrorKind::InvalidArgument, "MTP needs a token evaluated in this session (the hidden state is not saved in payloads)");
     }
     if (mtp_pos_ != pos()) {
-        mtp_forward(*model_, mtp_kv_, mtp_scratch_, last_hc_.data(), tokens_.back(), pos() - 1, mtp_logits_.data(),
-                    nullptr);
+        mtp_forward({*model_, *stream_, mtp_act_}, mtp_kv_, *last_hc_, tokens_.back(), pos() - 1, *mtp_logits_);
         mtp_pos_ = pos();
     }
-    return mtp_logits_.data();
+    return backend::host_floats(*stream_, *mtp_logits_, mtp_mirror_);
 }
 
 }  // namespace ds4

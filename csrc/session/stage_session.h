@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "engine/model.h"
-#include "engine/scratch.h"
+#include "backend/backend.h"
+#include "engine/activations.h"
+#include "engine/forward.h"
 #include "state/kv_state.h"
 
 namespace ds4 {
@@ -45,15 +47,18 @@ public:
 private:
     void check_usable() const;
 
+
     std::shared_ptr<const Model> model_;
+    std::unique_ptr<backend::Stream> stream_;
     KvState kv_;
-    Scratch scratch_;
+    Activations act_;
     std::vector<int32_t> tokens_;
-    std::vector<float> logits_;     // last stage: of the last token
-    std::vector<float> last_hc_;    // last stage: final HC state of the last token (MTP input)
+    backend::OwnedTensor logits_;   // last stage: of the last token (n_vocab)
+    backend::OwnedTensor last_hc_;  // last stage: final HC state of the last token (MTP input)
     KvState mtp_kv_;
-    Scratch mtp_scratch_;
-    std::vector<float> mtp_logits_;
+    Activations mtp_act_;
+    backend::OwnedTensor mtp_logits_;
+    std::vector<float> logits_mirror_, mtp_mirror_;   // device-only backends
     int64_t mtp_pos_ = -1;
     bool hidden_valid_ = false;
     bool broken_ = false;           // a failed batch left partial rows behind: only reset() recovers

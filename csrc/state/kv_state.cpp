@@ -1,35 +1,37 @@
 #include "state/kv_state.h"
 
 #include <algorithm>
-#include <cstring>
+#include <string>
 
 #include "common/errors.h"
-#include "layers/numerics.h"
 
 namespace ds4 {
 
 namespace {
 
-void fill_frontier(std::vector<float>& kv, std::vector<float>& score) {
-    std::fill(kv.begin(), kv.end(), 0.0f);
-    std::fill(score.begin(), score.end(), kNegSentinel);
+using backend::DType;
+using backend::OwnedTensor;
+
+void fill_frontier(backend::Stream& st, const OwnedTensor& kv, const OwnedTensor& score) {
+    if (!kv) return;
+    st.fill({*kv, 0.0f});
+    st.fill({*score, kNegSentinel});
 }
 
-void clear_frontier_rows(std::vector<float>& kv, std::vector<float>& score, int64_t width, int ratio,
+void clear_frontier_rows(backend::Stream& st, const OwnedTensor& kv, const OwnedTensor& score, int ratio,
                          int64_t n_tokens) {
-    if (kv.empty() || ratio == 0) return;
+    if (!kv || ratio == 0) return;
     const int64_t rem = n_tokens % ratio;
     const int64_t start = ratio == 4 ? ratio + rem : rem;
     const int64_t end = ratio == 4 ? 2 * ratio : ratio;
-    for (int64_t r = start; r < end; ++r) {
-        std::fill(kv.begin() + r * width, kv.begin() + (r + 1) * width, 0.0f);
-        std::fill(score.begin() + r * width, score.begin() + (r + 1) * width, kNegSentinel);
-    }
+    if (end <= start) return;
+    st.fill({kv->rows(start, end - start), 0.0f});
+    st.fill({score->rows(start, end - start), kNegSentinel});
 }
 
 }  // namespace
 
-void KvState::init(const Shape& s, int64_t ctx_size, int l0, int l1) {
+void KvState::init(backend::Backend& be, backend::Stream& st, const Shape& s, int64_t ctx_size, int l0, int l1) {
     if (ctx_size <= 0) fail(ErrorKind::InvalidArgument, "context size must be positive, got " + std::to_string(ctx_size));
     if (l1 < 0) l1 = s.n_layer;
     if (l0 < 0 || l0 >= l1 || l1 > s.n_layer) {
@@ -45,95 +47,83 @@ void KvState::init(const Shape& s, int64_t ctx_size, int l0, int l1) {
     for (int il = l0; il < l1; ++il) {
         LayerKv& L = layer(il);
         L.ratio = s.ratio(il);
-        L.raw.assign(raw_cap * s.head_dim, 0.0f);
+        L.raw = OwnedTensor(be, DType::F32, s.head_dim, raw_cap);
         if (L.ratio != 0) {
             const int64_t coff = Shape::coff(L.ratio);
             L.comp_cap = ctx / L.ratio + 2;
-            L.comp.assign_zeroed((size_t)(L.comp_cap * s.head_dim));
-            L.attn_state_kv.assign(coff * L.ratio * coff * s.head_dim, 0.0f);
-            L.attn_state_score.assign(L.attn_state_kv.size(), kNegSentinel);
+            L.comp = OwnedTensor(be, DType::F32, s.head_dim, L.comp_cap);
+            L.attn_state_kv = OwnedTensor(be, DType::F32, coff * s.head_dim, coff * L.ratio);
+            L.attn_state_score = OwnedTensor(be, DType::F32, coff * s.head_dim, coff * L.ratio);
             if (L.ratio == 4) {
-                L.index_comp.assign_zeroed((size_t)(L.comp_cap * s.indexer_head_dim));
-                L.index_state_kv.assign(coff * L.ratio * coff * s.indexer_head_dim, 0.0f);
-                L.index_state_score.assign(L.index_state_kv.size(), kNegSentinel);
+                L.index_comp = OwnedTensor(be, DType::F32, s.indexer_head_dim, L.comp_cap);
+                L.index_state_kv = OwnedTensor(be, DType::F32, coff * s.indexer_head_dim, coff * L.ratio);
+                L.index_state_score = OwnedTensor(be, DType::F32, coff * s.indexer_head_dim, coff * L.ratio);
             }
         }
     }
-    reset();
+    reset(st);
 }
 
-void KvState::reset() {
+void KvState::reset(backend::Stream& st) {
     for (LayerKv& L : layers) {
         L.n_raw = 0;
         L.raw_next = 0;
         L.n_comp = 0;
         L.n_index_comp = 0;
-        fill_frontier(L.attn_state_kv, L.attn_state_score);
-        fill_frontier(L.index_state_kv, L.index_state_score);
+        fill_frontier(st, L.attn_state_kv, L.attn_state_score);
+        fill_frontier(st, L.index_state_kv, L.index_state_score);
     }
 }
 
-void KvState::push_raw(int il, const float* row) {
+backend::Tensor KvState::push_raw_slot(int il) {
     LayerKv& L = layer(il);
-    const int64_t D = shape.head_dim;
-    float* dst = L.raw.data() + L.raw_next * D;
-    for (int64_t i = 0; i < D; ++i) dst[i] = f16_round(row[i]);
+    const backend::Tensor row = L.raw->row(L.raw_next);
     L.raw_next = (L.raw_next + 1) % raw_cap;
     if (L.n_raw < raw_cap) ++L.n_raw;
+    return row;
 }
 
-const float* KvState::raw_row(int il, int64_t i) const {
+backend::Tensor KvState::raw_row(int il, int64_t i) const {
     const LayerKv& L = layer(il);
-    int64_t slot = L.raw_next - L.n_raw + i;
-    if (slot < 0) slot += raw_cap;
-    return L.raw.data() + slot * shape.head_dim;
+    int64_t slot = L.raw_first(raw_cap) + i;
+    if (slot >= raw_cap) slot -= raw_cap;
+    return L.raw->row(slot);
 }
 
-float* KvState::raw_row(int il, int64_t i) {
-    return const_cast<float*>(static_cast<const KvState*>(this)->raw_row(il, i));
-}
-
-void KvState::push_comp(int il, const float* row) {
+backend::Tensor KvState::push_comp_slot(int il) {
     LayerKv& L = layer(il);
     if (L.n_comp >= L.comp_cap) {
         fail(ErrorKind::ContextOverflow, "compressed KV cache of layer " + std::to_string(il) + " is full (" +
                                              std::to_string(L.comp_cap) + " rows for ctx " + std::to_string(ctx) + ")");
     }
-    const int64_t D = shape.head_dim;
-    float* dst = L.comp.data() + L.n_comp * D;
-    for (int64_t i = 0; i < D; ++i) dst[i] = f16_round(row[i]);
-    ++L.n_comp;
+    return L.comp->row(L.n_comp++);
 }
 
-void KvState::push_index_comp(int il, const float* row) {
+backend::Tensor KvState::push_index_comp_slot(int il) {
     LayerKv& L = layer(il);
     if (L.n_index_comp >= L.comp_cap) {
         fail(ErrorKind::ContextOverflow, "indexer KV cache of layer " + std::to_string(il) + " is full");
     }
-    const int64_t D = shape.indexer_head_dim;
-    float* dst = L.index_comp.data() + L.n_index_comp * D;
-    for (int64_t i = 0; i < D; ++i) dst[i] = f16_round(row[i]);
-    ++L.n_index_comp;
+    return L.index_comp->row(L.n_index_comp++);
 }
 
-void KvState::finish_prefill(int64_t n_tokens) {
+void KvState::finish_prefill(backend::Stream& st, int64_t n_tokens) {
     for (LayerKv& L : layers) {
         if (L.ratio == 0) continue;
-        const int64_t coff = Shape::coff(L.ratio);
-        clear_frontier_rows(L.attn_state_kv, L.attn_state_score, coff * shape.head_dim, L.ratio, n_tokens);
-        if (L.ratio == 4) {
-            clear_frontier_rows(L.index_state_kv, L.index_state_score, coff * shape.indexer_head_dim, L.ratio, n_tokens);
-        }
+        clear_frontier_rows(st, L.attn_state_kv, L.attn_state_score, L.ratio, n_tokens);
+        if (L.ratio == 4) clear_frontier_rows(st, L.index_state_kv, L.index_state_score, L.ratio, n_tokens);
     }
 }
 
 int64_t KvState::allocated_bytes() const {
     int64_t n = 0;
     for (const LayerKv& L : layers) {
-        n += (int64_t)(L.raw.size() + L.comp.size() + L.attn_state_kv.size() + L.attn_state_score.size() +
-                       L.index_comp.size() + L.index_state_kv.size() + L.index_state_score.size());
+        for (const backend::OwnedTensor* t : {&L.raw, &L.comp, &L.attn_state_kv, &L.attn_state_score, &L.index_comp,
+                                              &L.index_state_kv, &L.index_state_score}) {
+            if (*t) n += (*t)->nbytes();
+        }
     }
-    return n * 4;
+    return n;
 }
 
 }  // namespace ds4

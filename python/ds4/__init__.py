@@ -30,6 +30,8 @@ _LAZY = {
     "Session": ("ds4.session", "Session"),
     "Tokenizer": ("ds4.tokenizer", "Tokenizer"),
     "KVCache": ("ds4.kvcache", "KVCache"),
+    "available_backends": ("ds4.backends", "available_backends"),
+    "BackendInfo": ("ds4.backends", "BackendInfo"),
 }
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""``ds4.Engine``: a DeepSeek V4 GGUF model loaded for CPU inference.
+"""``ds4.Engine``: a DeepSeek V4 GGUF model loaded on a compute backend (the CPU by default).
 
 The file is validated by :func:`ds4.inspect` (header only), then memory-mapped read-only by the
 C++ core: weights are used in place, never copied. An engine is immutable and can serve several
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ._args import MAX_CTX, MAX_THREADS, check_int
-from .errors import InvalidArgumentError, ModelFormatError, UnsupportedModelError
+from .errors import InvalidArgumentError, ModelFormatError
 from .shape import ModelShape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,7 +63,9 @@ def _shape_dict(shape: ModelShape) -> dict[str, Any]:
 
 
 class Engine:
-    """A loaded model. ``backend`` must be ``"cpu"``; ``threads`` None means physical cores.
+    """A loaded model on ``backend``: a name of :func:`ds4.available_backends` or ``"auto"`` (the first
+    available one); an unavailable name raises UnsupportedModelError listing the available ones.
+    ``threads`` None means physical cores (the CPU backend's worker pool).
 
     ``mtp_path`` names a separate GGUF with the ``mtp.0.*`` block (MTP tensors inside the main file
     are used automatically). ``prefill_chunk`` caps tokens per prefill chunk (default: 4096 when a
@@ -75,14 +77,14 @@ class Engine:
     :class:`ds4.stages.Pipeline` (or across machines, :class:`ds4.distributed.PipelineEngine`).
     """
 
-    def __init__(self, path: str | os.PathLike[str], backend: str = "cpu", threads: int | None = None,
+    def __init__(self, path: str | os.PathLike[str], backend: str = "auto", threads: int | None = None,
                  mtp_path: str | os.PathLike[str] | None = None, prefill_chunk: int | None = None,
                  layers: tuple[int, int] | None = None) -> None:
         from . import _core
+        from .backends import resolve_backend
         from .inspection import inspect
 
-        if backend != "cpu":
-            raise UnsupportedModelError(f"backend {backend!r} is not available in this build; use 'cpu'")
+        backend = resolve_backend(str(backend))
         if threads is not None:
             threads = check_int(threads, "threads", 1, MAX_THREADS)
         if prefill_chunk is not None:
@@ -101,7 +103,7 @@ class Engine:
         with _naming(self.path):
             self._model = _core.Model(str(self.path), _shape_dict(self.shape),
                                       _tensor_table(self.info, stage=(l0, l1, n_layer)),
-                                      int(threads or 0), int(prefill_chunk or 0), l0, l1)
+                                      int(threads or 0), int(prefill_chunk or 0), l0, l1, backend)
         self.mtp_path: Path | None = None
         if not last:
             pass  # the MTP block runs after the output head, on the last stage
@@ -127,6 +129,11 @@ class Engine:
     @property
     def has_mtp(self) -> bool:
         return bool(self._model.has_mtp)
+
+    @property
+    def backend(self) -> str:
+        """Name of the backend this engine runs on."""
+        return str(self._model.backend)
 
     @property
     def is_stage(self) -> bool:

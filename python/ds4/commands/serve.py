@@ -45,9 +45,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("-t", "--threads", type=_positive("--threads"), default=None, metavar="N",
                    help="CPU threads (default: physical cores)")
     p.add_argument("--chdir", default=None, metavar="DIR", help="change directory before loading")
-    p.add_argument("--backend", dest="backend", default="cpu", metavar="NAME",
-                   help="compute backend (only 'cpu' in this build)")
-    p.add_argument("--cpu", dest="backend", action="store_const", const="cpu", help="CPU backend (default)")
+    p.add_argument("--backend", dest="backend", default="auto", metavar="NAME",
+                   help="compute backend: auto (default) or a name from ds4.available_backends()")
+    p.add_argument("--cpu", dest="backend", action="store_const", const="cpu", help="CPU backend")
     p.add_argument("--metal", dest="backend", action="store_const", const="metal", help="Metal backend (not in this build)")
     p.add_argument("--cuda", dest="backend", action="store_const", const="cuda", help="CUDA backend (not in this build)")
     p.add_argument("--pipeline-stages", type=_positive("--pipeline-stages"), default=None, metavar="N",
@@ -78,7 +78,7 @@ def _open_engine(args: argparse.Namespace, path: str | os.PathLike[str]):
             raise InvalidArgumentError("--ray-address needs --pipeline-stages N")
         from ..engine import Engine
         return Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
-    if args.backend != "cpu":
+    if args.backend not in ("cpu", "auto"):
         raise InvalidArgumentError(f"--pipeline-stages runs CPU stages; --{args.backend} is not available for them")
     from ..distributed import PipelineEngine
     return PipelineEngine(path, stages=args.pipeline_stages, address=args.ray_address, threads=args.threads,

@@ -1,0 +1,315 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <vector>
+
+#include "common/errors.h"
+#include "common/thread_pool.h"
+#include "layers/attention.h"
+#include "layers/compressor.h"
+#include "layers/fp_quant.h"
+#include "layers/hyper_connection.h"
+#include "layers/indexer.h"
+#include "layers/linear.h"
+#include "layers/moe.h"
+#include "layers/numerics.h"
+#include "layers/rope.h"
+#include "quant/kernels.h"
+
+namespace ds4 {
+namespace backend {
+
+namespace {
+
+// calloc'd host memory: large caches cost address space up front and physical pages only as
+// rows are written (the compressed-row caches of a long context).
+class HostBuffer final : public Buffer {
+public:
+    explicit HostBuffer(uint64_t n) : Buffer(nullptr, n) {
+        if (n) {
+            host_ = std::calloc((size_t)n, 1);
+            if (!host_) throw std::bad_alloc();
+        }
+    }
+    ~HostBuffer() override { std::free(host_); }
+};
+
+// The model file's mapping, used in place.
+class MappedBuffer final : public Buffer {
+public:
+    MappedBuffer(const void* base, uint64_t n) : Buffer(const_cast<void*>(base), n) {}
+};
+
+template <class V>
+void grow(V& v, int64_t n) {
+    if ((int64_t)v.size() < n) v.resize((size_t)std::max<int64_t>(n, (int64_t)v.size() * 3 / 2));
+}
+
+float* f32(const Tensor& t) { return t.host<float>(); }
+
+class CpuStream final : public Stream {
+public:
+    explicit CpuStream(ThreadPool* pool) : pool_(pool) {}
+
+    void reserve(const StreamLimits& l) override { grow(scores_, l.n_head * l.max_attn_rows); }
+
+    void upload(const Tensor& dst, const void* src, uint64_t bytes) override {
+        std::memcpy(dst.host<uint8_t>(), src, (size_t)bytes);
+    }
+    void download(const Tensor& src, void* dst, uint64_t bytes) override {
+        std::memcpy(dst, src.host<uint8_t>(), (size_t)bytes);
+    }
+
+    void embed_tokens_hc(const EmbedTokensHcArgs& a) override {
+        const TensorRef& t = *a.table;
+        const int64_t E = t.ne[0], HD = E * a.n_hc;
+        float* out = f32(a.out);
+        for (int64_t b = 0; b < a.n; ++b) {
+            float* row = out + b * HD;
+            dequantize_row(t.type, t.data + (int64_t)a.tokens[b] * t.row_stride(), row, E);
+            for (int h = 1; h < a.n_hc; ++h) std::memcpy(row + h * E, row, (size_t)E * sizeof(float));
+        }
+    }
+
+    void rms_norm(const RmsNormArgs& a) override {
+        const int64_t n = a.x.width();
+        for (int64_t b = 0; b < a.x.rows(); ++b) {
+            const float* x = f32(a.x) + b * n;
+            float* o = f32(a.out) + b * n;
+            if (a.weight) rms_norm_weight(o, x, a.weight->f32(), n, a.eps);
+            else rms_norm_no_weight(o, x, n, a.eps);
+        }
+    }
+
+    void head_rms_norm(const HeadRmsNormArgs& a) override {
+        for (int64_t b = 0; b < a.x.rows(); ++b) {
+            head_rms_norm_inplace(f32(a.x) + b * a.x.width(), a.n_head, a.head_dim, a.eps);
+        }
+    }
+
+    void linear(const LinearArgs& a) override {
+        ds4::linear(*a.w, f32(a.x), a.x.rows(), f32(a.y), act_, pool_, a.x.width());
+    }
+
+    void grouped_output_a(const GroupedOutputAArgs& a) override {
+        const TensorRef& wa = *a.wa;
+        const int64_t nb = a.heads.rows(), G = a.n_group, rank = a.rank, gd = wa.ne[0];
+        const int64_t qd = a.heads.width(), low_w = a.low.width();
+        const int64_t ab = act_bytes(wa.type, gd);
+        uint8_t* xq = act_.ensure(ab * nb);
+        const float* heads = f32(a.heads);
+        float* low = f32(a.low);
+        if (nb > 1) grow(grp_, nb * rank);
+        for (int64_t g = 0; g < G; ++g) {
+            for (int64_t b = 0; b < nb; ++b) quantize_act(wa.type, heads + b * qd + g * gd, xq + b * ab, gd);
+            const uint8_t* w = wa.data + g * rank * wa.row_stride();
+            if (nb == 1) {
+                matvec(wa.type, w, rank, gd, xq, low + g * rank, pool_);
+            } else {
+                matmul(wa.type, w, rank, gd, xq, nb, grp_.data(), pool_);
+                for (int64_t b = 0; b < nb; ++b) {
+                    std::memcpy(low + b * low_w + g * rank, grp_.data() + b * rank, (size_t)rank * sizeof(float));
+                }
+            }
+        }
+    }
+
+    void hc_pre(const HcPreArgs& a) override {
+        const int64_t nb = a.H.rows(), hd = a.H.width(), E = a.x.width();
+        const int64_t mixn = a.split.width();
+        grow(flat_, nb * hd);
+        grow(mix_, nb * mixn);
+        const float* H = f32(a.H);
+        for (int64_t b = 0; b < nb; ++b) rms_norm_no_weight(flat_.data() + b * hd, H + b * hd, hd, a.rms_eps);
+        ds4::linear(*a.fn, flat_.data(), nb, mix_.data(), act_, pool_);
+        float* split = f32(a.split);
+        float* x = f32(a.x);
+        for (int64_t b = 0; b < nb; ++b) {
+            float* sp = split + b * mixn;
+            hc_split_sinkhorn(mix_.data() + b * mixn, a.scale->f32(), a.base->f32(), a.n_hc, a.sinkhorn_iters,
+                              a.hc_eps, sp);
+            hc_weighted_sum(x + b * E, H + b * hd, hc_split_pre(sp), E, a.n_hc);
+        }
+    }
+
+    void hc_post(const HcPostArgs& a) override {
+        const int64_t E = a.block.width(), hd = a.residual.width(), mixn = a.split.width();
+        for (int64_t b = 0; b < a.block.rows(); ++b) {
+            ds4::hc_post(f32(a.out) + b * hd, f32(a.block) + b * E, f32(a.residual) + b * hd, f32(a.split) + b * mixn,
+                         E, a.n_hc);
+        }
+    }
+
+    void hc_collapse_norm(const HcCollapseNormArgs& a) override {
+        const int64_t hd = a.H.width(), E = a.y.width();
+        grow(flat_, hd);
+        grow(tmp_, E);
+        const float* H = f32(a.H);
+        rms_norm_no_weight(flat_.data(), H, hd, a.rms_eps);
+        float pre[16], w[16];
+        ds4::linear(*a.fn, flat_.data(), 1, pre, act_, pool_);
+        const float scale = a.scale->f32()[0];
+        const float* base = a.base->f32();
+        for (int i = 0; i < a.n_hc; ++i) w[i] = sigmoid_stable(pre[i] * scale + base[i]) + a.hc_eps;
+        for (int64_t d = 0; d < E; ++d) {
+            float acc = 0.0f;
+            for (int h = 0; h < a.n_hc; ++h) acc += H[h * E + d] * w[h];
+            tmp_[d] = acc;
+        }
+        rms_norm_weight(f32(a.y), tmp_.data(), a.norm->f32(), E, a.rms_eps);
+    }
+
+    void rope_tail(const RopeTailArgs& a) override {
+        for (int64_t b = 0; b < a.x.rows(); ++b) {
+            ds4::rope_tail(f32(a.x) + b * a.x.width(), a.n_head, a.head_dim, a.n_rot, a.pos0 + b, a.rope, a.inverse);
+        }
+    }
+
+    void fp8_kv_roundtrip(const Fp8KvRoundtripArgs& a) override {
+        for (int64_t b = 0; b < a.x.rows(); ++b) ds4::fp8_kv_roundtrip(f32(a.x) + b * a.x.width(), a.head_dim, a.n_rot);
+    }
+
+    void store_row_f16(const StoreRowF16Args& a) override {
+        const int64_t n = a.src.width() * a.src.rows();
+        const float* s = f32(a.src);
+        float* d = f32(a.dst);
+        for (int64_t i = 0; i < n; ++i) d[i] = f16_round(s[i]);
+    }
+
+    void compressor_store(const CompressorStoreArgs& a) override {
+        grow(tmp_, a.kv_cur.width());
+        ds4::compressor_store(*a.ape, f32(a.state_kv), f32(a.state_score), f32(a.kv_cur), f32(a.score_cur), a.ratio,
+                              a.head_dim, a.pos, tmp_.data());
+    }
+
+    void compressor_pool(const CompressorPoolArgs& a) override {
+        grow(tmp_, a.head_dim);
+        ds4::compressor_pool(a.norm->f32(), f32(a.state_kv), f32(a.state_score), a.ratio, a.head_dim, a.n_rot, a.eps,
+                             a.rope, a.pos, a.fp8, f32(a.out), tmp_.data());
+    }
+
+    void compressor_shift(const CompressorShiftArgs& a) override {
+        ds4::compressor_shift(f32(a.state_kv), f32(a.state_score), a.head_dim);
+    }
+
+    void indexer_scores(const IndexerScoresArgs& a) override {
+        ds4::indexer_scores(f32(a.q), f32(a.w), f32(a.rows), a.n_rows, a.n_head, a.head_dim, a.n_rot, a.pos, a.rope,
+                            f32(a.scores), pool_);
+    }
+
+    void top_k_mask(const TopKMaskArgs& a) override {
+        grow(order_, a.n + 1);
+        select_top_k(f32(a.scores), a.n, a.k, order_.data(), a.mask.host<uint8_t>());
+    }
+
+    void attention(const AttentionArgs& a) override {
+        grow(scores_, a.n_head * (a.raw_cap + a.n_comp));
+        AttentionInputs in{f32(a.q),
+                           f32(a.raw),
+                           a.raw_cap,
+                           a.n_raw,
+                           a.raw_first,
+                           a.n_comp ? f32(a.comp) : nullptr,
+                           a.n_comp,
+                           a.mask ? a.mask.host<uint8_t>() : nullptr,
+                           a.sinks->f32(),
+                           a.n_head,
+                           a.head_dim};
+        attend(in, f32(a.out), scores_.data(), pool_);
+    }
+
+    void router(const RouterArgs& a) override {
+        grow(probs_, 2 * a.n_expert);
+        for (int64_t b = 0; b < a.logits.rows(); ++b) {
+            route_token(f32(a.logits) + b * a.n_expert, a.n_expert, a.n_used, a.bias, a.hash, a.weight_scale,
+                        a.tokens[b], a.sel.host<int32_t>() + b * a.n_used, f32(a.weights) + b * a.n_used,
+                        probs_.data());
+        }
+    }
+
+    void routed_experts(const RoutedExpertsArgs& a) override {
+        const int64_t nb = a.x.rows(), E = a.x.width(), U = a.n_used, F = a.n_ff;
+        const int64_t mt = std::min(nb, kMoeTokenBatch);
+        grow(gate_, mt * U * F);
+        grow(up_, mt * U * F);
+        grow(mid_, mt * U * F);
+        grow(down_, mt * U * E);
+        const RoutedExperts w{a.gate, a.up, a.down, a.n_expert, a.n_used, E, F, a.clamp};
+        MoeScratch ms{gate_.data(), up_.data(), mid_.data(), down_.data(), &xq_, &midq_};
+        for (int64_t b0 = 0; b0 < nb; b0 += kMoeTokenBatch) {
+            const int64_t m = std::min(kMoeTokenBatch, nb - b0);
+            routed_experts_batch(w, f32(a.x) + b0 * E, m, a.sel.host<int32_t>() + b0 * U, f32(a.weights) + b0 * U,
+                                 f32(a.out) + b0 * E, ms, pool_);
+        }
+    }
+
+    void swiglu(const SwigluArgs& a) override {
+        const int64_t n = a.g.width() * a.g.rows();
+        ds4::swiglu(f32(a.out), f32(a.g), f32(a.u), n, a.clamp, a.scale);
+    }
+
+    void add(const AddArgs& a) override {
+        const int64_t n = a.a.width() * a.a.rows();
+        const float* x = f32(a.a);
+        const float* y = f32(a.b);
+        float* o = f32(a.out);
+        for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+    }
+
+    void fill(const FillArgs& a) override {
+        std::fill_n(f32(a.t), (size_t)(a.t.width() * a.t.rows()), a.value);
+    }
+
+    void copy(const CopyArgs& a) override {
+        if (a.src.nbytes() != a.dst.nbytes()) fail(ErrorKind::InvalidArgument, "copy: source and destination sizes differ");
+        std::memmove(a.dst.host<uint8_t>(), a.src.host<uint8_t>(), (size_t)a.src.nbytes());
+    }
+
+    void argmax(const ArgmaxArgs& a) override {
+        const float* x = f32(a.x);
+        int32_t best = 0;
+        for (int32_t i = 1; i < (int32_t)a.x.width(); ++i) if (x[i] > x[best]) best = i;
+        *a.result = best;
+    }
+
+private:
+    ThreadPool* pool_;
+    ActBuffer act_, xq_, midq_;
+    std::vector<float> flat_, mix_, grp_, tmp_, scores_, probs_, gate_, up_, mid_, down_;
+    std::vector<int32_t> order_;
+};
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(int threads) : pool_(threads) {}
+    const char* name() const override { return "cpu"; }
+    std::unique_ptr<Buffer> alloc(uint64_t bytes) override { return std::make_unique<HostBuffer>(bytes); }
+    std::unique_ptr<Buffer> map_model(const void* base, uint64_t size) override {
+        return std::make_unique<MappedBuffer>(base, size);
+    }
+    bool supports(Op op, GgmlType t) const override {
+        switch (t) {
+            case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0:
+            case GgmlType::Q2_K: case GgmlType::Q4_K: case GgmlType::IQ2_XXS:
+                return op != Op::kCount;
+            default:
+                return false;
+        }
+    }
+    std::unique_ptr<Stream> new_stream() override { return std::make_unique<CpuStream>(&pool_); }
+    int threads() const override { return pool_.size(); }
+
+private:
+    ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace backend
+}  // namespace ds4

@@ -1,0 +1,103 @@
+"""Backends under test, tolerances (each next to its reason) and input generators."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+import ds4
+import ds4._core as core
+from test_quant_blocks import random_weights
+
+THREADS = 2
+
+# The reference: the CPU backend on the scalar path (upstream's strict build, bit for bit).
+REFERENCE = core.OpHarness("cpu", "scalar", THREADS)
+
+
+def _backends_under_test() -> list[tuple[str, "core.OpHarness"]]:
+    out = [(f"cpu-{p}", core.OpHarness("cpu", p, THREADS)) for p in core.simd_paths()]
+    out += [(b.name, core.OpHarness(b.name, "", THREADS)) for b in ds4.available_backends()
+            if b.available and b.name != "cpu"]
+    return out
+
+
+BACKENDS = _backends_under_test()
+BACKEND_IDS = [name for name, _ in BACKENDS]
+
+# On the CPU backend only the dot products differ between SIMD paths (the quantised row dots of
+# quant/, and the float dots of attention and indexer scoring, which use 8 interleaved partial
+# sums off the scalar path); every other op runs the same code on every path, so those must be
+# bit-identical. A non-CPU backend gets NMSE_FLOAT for its float ops instead.
+CPU_PATH_EXACT_OPS = {
+    "embed_tokens_hc", "rms_norm", "head_rms_norm", "hc_post", "rope_tail", "fp8_kv_roundtrip",
+    "store_row_f16", "compressor_store", "compressor_pool", "compressor_shift", "top_k_mask", "router",
+    "swiglu", "add", "fill", "copy", "argmax",
+}
+
+# NMSE = sum((got - want)^2) / sum(want^2).
+# Float ops whose inputs carry only float32 reassociation differences (a dot of n terms in
+# another order: relative error <= n*u, u = 2^-24, and typically sqrt(n)*u, i.e. ~1e-6 for the
+# sizes here, so NMSE ~1e-12): 1e-9 leaves 1000x room, while one element of a 256-wide output
+# off by 1 % already gives NMSE >= 1e-4 / 256 = 4e-7 (test_tolerances.py shows both sides).
+NMSE_FLOAT = 1e-9
+# Routed experts re-quantise each slot's SwiGLU output to Q8_K before the down projection: a
+# reassociation difference can move a value across a rounding boundary and change it by a whole
+# Q8_K step (block max / 127). One such flip in a 64-wide block moves the output by about
+# (1/127)^2 / 64 ~ 1e-6 in NMSE; a real bug (wrong expert, weight, clamp, slot order) moves it by
+# 1e-3 or more. So 1e-5: above a few flips, far below any structural error.
+NMSE_REQUANT = 1e-5
+# ds4.reference accumulates attention values in float64 and its matvecs exactly (float64 on the
+# dequantised weights), where the engine follows upstream's float32 orders: again reassociation
+# error only, relative ~1e-6 per value, so NMSE_FLOAT applies; where the reference re-quantises
+# activations (grouped output, routed experts) rounding flips are possible: NMSE_REQUANT.
+
+
+def nmse(got: np.ndarray, want: np.ndarray) -> float:
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    den = float(np.sum(want * want))
+    num = float(np.sum((got - want) ** 2))
+    return num / den if den > 0 else num
+
+
+def assert_exact(got, want, what: str = "") -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    same = (got.view(np.uint8) == want.view(np.uint8)) if got.dtype == want.dtype else (got == want)
+    if not np.all(same):
+        bad = np.argwhere(~same.reshape(got.shape[0], -1) if got.ndim else ~same)[:5].tolist()
+        raise AssertionError(f"{what}: not bit-identical (first differences at {bad})")
+
+
+def assert_nmse(got, want, bound: float, what: str = "") -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert np.all(np.isfinite(got)), f"{what}: non-finite values"
+    e = nmse(got, want)
+    assert e <= bound, f"{what}: NMSE {e:.3g} > {bound:.1g}"
+
+
+def assert_matches(op: str, backend: str, got, want, float_bound: float = NMSE_FLOAT) -> None:
+    """The check an op's output must pass on `backend` against the CPU scalar reference."""
+    if backend.startswith("cpu-") and op in CPU_PATH_EXACT_OPS:
+        assert_exact(got, want, f"{op} on {backend}")
+    elif op in ("top_k_mask", "argmax", "fill", "copy", "store_row_f16", "fp8_kv_roundtrip"):
+        assert_exact(got, want, f"{op} on {backend}")     # selections and round trips: exact anywhere
+    else:
+        assert_nmse(got, want, float_bound, f"{op} on {backend}")
+
+
+def weight(qtype: Q, n: int, rows: int, seed: int) -> np.ndarray:
+    """uint8 bytes of a random [rows x n] weight of qtype (finite everywhere)."""
+    return random_weights(Q(qtype), n, rows, seed)
+
+
+def floats(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def rope(n_rot: int, ratio: int) -> tuple:
+    """The C++ RoPE parameters of a layer of this ratio with DeepSeek V4's defaults (YaRN on
+    compressed layers)."""
+    return core._rope_params(n_rot, 10000.0, 160000.0, 16.0, 65536, 32.0, 1.0, ratio)
