@@ -1,5 +1,5 @@
 """Sampling tests: RNG against values printed by a C program, choices against a scalar reference
-written from RUNTIME.md §3 (loops over float32 scalars), filters' support and seeded chi-square
+written from docs/runtime.md §3 (loops over float32 scalars), filters' support and seeded chi-square
 frequency tests."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_rng_matches_c(seed):
     assert [F(u) for u in got] == [F(x) for x in floats]
 
 
-# ---- scalar reference (RUNTIME.md §3.1-3.3, one token at a time) --------------------------------
+# ---- scalar reference (docs/runtime.md §3.1-3.3, one token at a time) --------------------------------
 
 
 def _seq_sum(xs):
@@ -151,10 +151,11 @@ _logit = st.one_of(
     st.sampled_from([float("-inf"), float("nan"), float("inf")]),
 )
 _params = st.tuples(
-    st.sampled_from([0.0, -1.0, 0.3, 0.7, 1.0, 1.5, 4.0]),  # temperature
-    st.sampled_from([0, -3, 1, 2, 3, 5, 2000]),  # top_k
-    st.sampled_from([1.0, 0.0, 1.7, 0.5, 0.9, 0.95, 0.2]),  # top_p
-    st.sampled_from([0.05, 0.0, -0.5, 0.1, 0.5, 1.0, 2.0]),  # min_p
+    # in-range values only: out-of-range ones are refused (test_out_of_range_arguments_are_refused)
+    st.sampled_from([0.0, 0.3, 0.7, 1.0, 1.5, 4.0]),  # temperature
+    st.sampled_from([0, 1, 2, 3, 5, 2000]),  # top_k
+    st.sampled_from([1.0, 0.5, 0.9, 0.95, 0.2]),  # top_p
+    st.sampled_from([0.05, 0.0, 0.1, 0.5, 1.0]),  # min_p
 )
 
 
@@ -186,8 +187,21 @@ def test_greedy_is_argmax_and_consumes_no_draw():
     r = Rng(7)
     logits = np.array([1, 3, np.nan, 3, 2], dtype=np.float32)
     assert sample(logits, temperature=0.0, rng=r) == 1
-    assert sample(logits, temperature=-1.0) == 1  # no rng needed when greedy
+    assert sample(logits, temperature=0.0) == 1  # no rng needed when greedy
     assert r.state == 7
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(temperature=-1.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"), (dict(temperature="hot"), "temperature"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=float("nan")), "top_p"),
+    (dict(min_p=-0.1), "min_p"), (dict(min_p=1.01), "min_p"), (dict(min_p=float("nan")), "min_p"),
+    (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"), (dict(top_k=2**70 * 1.0), "top_k"),
+])
+def test_out_of_range_arguments_are_refused(kw, name):
+    from ds4.errors import InvalidArgumentError
+    with pytest.raises(InvalidArgumentError, match=name):
+        sample(np.array([1, 3, 2], dtype=np.float32), rng=Rng(1), **kw)
 
 
 def test_argmax_rules():

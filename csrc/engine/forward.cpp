@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "engine/cancel.h"
 #include "layers/indexer.h"
 #include "model/rope_params.h"
 #include "state/kv_rollback.h"
@@ -12,6 +13,10 @@
 namespace ds4 {
 
 namespace {
+
+// Attention runs token by token: a cancellation point every this many tokens (engine/cancel.h;
+// a throw there is safe: CommandBatch waits for queued work as it unwinds).
+constexpr int64_t kCancelTokenGroup = 64;
 
 using backend::OwnedTensor;
 using backend::Tensor;
@@ -127,6 +132,7 @@ void attention_layer(const ForwardContext& fc, const LayerWeights& L, KvState& k
     const CompressorLane attn_lane{L.comp, C.attn_state_kv, C.attn_state_score, D, true};
     const CompressorLane index_lane{L.indexer.comp, C.index_state_kv, C.index_state_score, I, false};
     for (int64_t b = 0; b < nb; ++b) {
+        if (b % kCancelTokenGroup == kCancelTokenGroup - 1) poll_cancel();   // engine/cancel.h
         const int64_t pos = pos0 + b;
         st.store_row_f16({A.kv_row->row(b), kv.push_raw_slot(il)});
         Tensor mask;
@@ -242,7 +248,9 @@ void run_layers(const ForwardContext& fc, KvState& kv, const int32_t* tokens, in
     if (hooks && hooks->tap) hooks->tap->begin_batch(pos0, n);
     for (int il = l0; il < l1; ++il) {
         attention_layer(fc, W.layers[il], kv, il, n, pos0, hooks, log);
+        poll_cancel();   // a cancellation point between sublayers (engine/cancel.h)
         ffn_layer(fc, W.layers[il].ffn, tokens, n, il, hooks);
+        poll_cancel();
     }
 }
 

@@ -56,7 +56,7 @@ void output_logits(const ForwardContext& fc, const backend::Tensor& hc, const ba
 // The MTP block's private state is one ratio-0 layer: the model shape with n_layer 1.
 Shape mtp_state_shape(const Shape& s);
 
-// One MTP draft step (MODEL.md §3.12): previous final HC state hprev, token t at position pos.
+// One MTP draft step (docs/model.md §3.12): previous final HC state hprev, token t at position pos.
 // Appends a row to mtp_kv's raw window, writes draft logits and (optionally) the block's HC output.
 void mtp_forward(const ForwardContext& fc, KvState& mtp_kv, const backend::Tensor& hprev, int32_t token, int64_t pos,
                  const backend::Tensor& logits, const backend::Tensor& hc_out = {});

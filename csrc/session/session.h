@@ -1,4 +1,4 @@
-// One inference timeline (RUNTIME.md §4): the checkpoint tokens whose KV state is live, that
+// One inference timeline (docs/runtime.md §4): the checkpoint tokens whose KV state is live, that
 // state, and the logits for the next token. Not thread-safe; one caller at a time.
 #pragma once
 #include <cstdint>

@@ -20,6 +20,8 @@ __all__ = [
     "TokenizerError",
     "CancelledError",
     "Ds4IOError",
+    "SessionBusyError",
+    "Ds4MemoryError",
     "PipelineError",
     "SteeringFileError",
     "LogitsFileError",
@@ -58,11 +60,21 @@ class TokenizerError(Ds4Error, ValueError):
 
 
 class CancelledError(Ds4Error):
-    """A long call (prefill) was cancelled between chunks; the session is left consistent."""
+    """A long call (prefill) was cancelled (between layers or chunks); the session keeps the chunks that
+    finished and is consistent."""
 
 
 class Ds4IOError(Ds4Error, OSError):
     """The operating system refused a read, write or memory map."""
+
+
+class SessionBusyError(Ds4Error, RuntimeError):
+    """A session was entered while another call was inside it (another thread, or a mutating call
+    from its own progress callback). Sessions serve one call at a time: use one per thread."""
+
+
+class Ds4MemoryError(Ds4Error, MemoryError):
+    """The core could not allocate what a call needs (a context or batch too large for the machine)."""
 
 
 class PipelineError(Ds4Error):

@@ -18,7 +18,7 @@ payloads keep the caller's sampling, and a complete tool block after ``</think>`
 with ``"tool_calls"``. Upstream's other server override (thinking forces T=1, top_p=1, min_p=0.05)
 is left to the caller.
 
-Semantics follow upstream (RUNTIME.md §3.7, §9.5, §10.1): EOS is never evaluated nor emitted; stop
+Semantics follow upstream (docs/runtime.md §3.7, §9.5, §10.1): EOS is never evaluated nor emitted; stop
 strings are matched on the generated text of the current channel and are not emitted; the sampled
 token is only evaluated when another token is needed, so a finished session holds the prompt plus
 every emitted token but the last (the next ``sync`` evaluates it when the conversation continues).
@@ -26,7 +26,7 @@ every emitted token but the last (the next ``sync`` evaluates it when the conver
 With ``kv_cache`` (a :class:`ds4.kvcache.KVCache`), the prompt is looked up by its rendered text
 (:func:`prompt_text`): the session is restored from the file holding the longest cached prefix and
 only the text after it is tokenized and evaluated; the cache's save policy runs as upstream's
-server does (RUNTIME.md §7.3-7.4): an ``evict`` store before an unrelated prompt replaces a live
+server does (docs/runtime.md §7.3-7.4): an ``evict`` store before an unrelated prompt replaces a live
 session, a ``cold`` store after a first prompt with no hit, ``continued`` stores at aligned frontiers
 during prefill and before decode steps. The ``shutdown`` store is the caller's
 (``kv_cache.shutdown(session, engine)`` on a clean exit; pass ``session=`` to keep the session).
@@ -66,9 +66,11 @@ from .chat import (
     think_enabled,
     think_mode_for_context,
 )
+from ._args import check_int
 from .decoding import StopMatcher, TokenPicker, ToolBlockWatch
 from .errors import ContextOverflowError, InvalidArgumentError, UnsupportedModelError
 from .sampling import (
+    check_sampling_args,
     DEFAULT_MIN_P,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
@@ -211,7 +213,7 @@ def prompt_text(
 ) -> str:
     """The rendered text of a ``prompt`` / ``messages`` prompt: the bytes of the tokens
     :func:`build_prompt` returns for the same arguments, without tokenizing anything (the disk KV
-    cache looks prompts up by this text, RUNTIME.md §7.2)."""
+    cache looks prompts up by this text, docs/runtime.md §7.2)."""
     if (prompt is None) == (messages is None):
         raise InvalidArgumentError("give exactly one of prompt= or messages=")
     if messages is not None:
@@ -316,8 +318,11 @@ def generate(
     if speculative and not engine.has_mtp:
         raise UnsupportedModelError("speculative decoding drafts with the MTP block: this engine has none "
                                     "(load it with mtp_path=... or use a GGUF that embeds it)")
-    if max_tokens is not None and max_tokens < 0:
-        raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+    if max_tokens is not None:
+        max_tokens = check_int(max_tokens, "max_tokens", 0)
+    check_sampling_args(temperature, top_k, top_p, min_p)
+    if seed is not None:
+        seed = check_int(seed, "seed", 0, 2**64 - 1)
     if session is None:
         session = engine.session(ctx=ctx if ctx is not None else DEFAULT_CTX)
     if kv_cache is not None and getattr(session, "steering", None) is not None:

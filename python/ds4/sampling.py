@@ -29,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ._args import check_float, check_int
+
 import numpy as np
 
 from .errors import InvalidArgumentError
@@ -44,6 +46,7 @@ __all__ = [
     "TokenLogprob",
     "sample",
     "probabilities",
+    "check_sampling_args",
     "argmax",
     "argmax_excluding",
     "top_logprobs",
@@ -79,7 +82,7 @@ class SamplingParams:
 
 
 def thinking_policy(params: SamplingParams, think: str) -> SamplingParams:
-    """Upstream's server rule (RUNTIME.md §3.7): in thinking mode ('high'/'max') the client's knobs
+    """Upstream's server rule (docs/runtime.md §3.7): in thinking mode ('high'/'max') the client's knobs
     are ignored and T=1, top_k=0, top_p=1, min_p=0.05 are used, as the official API does."""
     if think in ("high", "max"):
         return SamplingParams(DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, DEFAULT_MIN_P)
@@ -267,6 +270,19 @@ def _finite_max(a: np.ndarray):
     return finite, a[finite].max()
 
 
+def check_sampling_args(temperature, top_k, top_p, min_p) -> None:
+    """Refuse sampling knobs outside their meaning, naming the argument (InvalidArgumentError).
+
+    ``temperature`` finite and >= 0 (0 is greedy), ``top_k`` an integer >= 0 (0 is off), ``top_p``
+    in (0, 1], ``min_p`` in [0, 1]. Upstream silently normalises some of these (a negative
+    temperature is greedy, top_p 0 is 1); ds4's API says the call is wrong instead.
+    """
+    check_float(temperature, "temperature", 0.0)
+    check_int(top_k, "top_k", 0)
+    check_float(top_p, "top_p", 0.0, 1.0, lo_open=True)
+    check_float(min_p, "min_p", 0.0, 1.0)
+
+
 def sample(
     logits,
     temperature: float = DEFAULT_TEMPERATURE,
@@ -278,8 +294,10 @@ def sample(
     """Pick the next token id from ``logits`` (upstream's ``ds4_session_sample``).
 
     Exactly one ``rng`` draw is consumed when a draw happens; argmax short-cuts consume none.
-    ``rng`` is required unless ``temperature <= 0``.
+    ``rng`` is required unless ``temperature`` is 0. Arguments are checked by
+    :func:`check_sampling_args`.
     """
+    check_sampling_args(temperature, top_k, top_p, min_p)
     a = _as_logits(logits)
     t = _F32(temperature)
     if not t > 0:  # also catches NaN, which upstream's `<= 0` test would let through to exp

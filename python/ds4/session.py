@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import numpy as np
 
 from ._atomic import write_atomic
+from ._args import MAX_CTX, check_int
 from .errors import InvalidArgumentError, UnsupportedModelError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,17 +103,20 @@ class _CaptureScope:
 class Session:
     """One timeline: ``sync``/``eval`` tokens, read ``logits``, checkpoint and persist the state.
 
-    Not thread-safe: use one session per thread (sessions of one engine may run concurrently).
-    Long calls release the GIL; Ctrl-C or :meth:`cancel` from another thread stops a prefill at
-    the next chunk boundary, leaving the session consistent at that boundary.
+    One call at a time: use one session per thread (sessions of one engine may run concurrently).
+    A call made while another is inside the session (from another thread, or a state-changing call
+    from its own progress callback) raises :class:`~ds4.errors.SessionBusyError`.
+    Long calls release the GIL; Ctrl-C or :meth:`cancel` from another thread stops a prefill within
+    a layer or two (a fraction of a second), leaving the session consistent at the last finished
+    chunk boundary.
     """
 
     def __init__(self, engine: "Engine", ctx: int = 32768) -> None:
-        if int(ctx) < 2:
-            raise InvalidArgumentError(f"ctx must be at least 2, got {ctx}")
+        ctx = check_int(ctx, "ctx", 2, MAX_CTX)
         self.engine = engine
         # The compiled session of a local engine, or a pipeline's chain of stages (same methods).
-        self._s = engine._core_session(int(ctx))
+        self._s = engine._core_session(ctx)
+        self._native = type(self._s).__module__ == "ds4._core"
         self._logits: np.ndarray | None = None
         self._steering: Steering | None = None
         self._capturing = False
@@ -138,15 +142,17 @@ class Session:
         If the current tokens are a prefix of ``tokens`` only the suffix is evaluated, otherwise
         the state is rebuilt. ``progress(done, total)`` is called after each prefill chunk.
         """
-        self._s.sync(list(tokens), progress)
+        if not self._native:   # the compiled session checks each id itself, without a Python loop
+            tokens = [check_int(t, "token") for t in tokens]
+        self._s.sync(tokens, progress)
 
     def eval(self, token: int) -> None:
         """Append one token and refresh the logits (ContextOverflowError when ctx is full)."""
-        self._s.eval(int(token))
+        self._s.eval(check_int(token, "token"))
 
     def rewind(self, pos: int) -> None:
         """Truncate the timeline to its first ``pos`` tokens (the state is rebuilt on next use)."""
-        self._s.rewind(int(pos))
+        self._s.rewind(check_int(pos, "rewind position"))
 
     def reset(self) -> None:
         """Drop everything: an empty timeline."""
@@ -154,10 +160,11 @@ class Session:
 
     def common_prefix(self, tokens: Iterable[int]) -> int:
         """Length of the common prefix of the live tokens and ``tokens``."""
-        return int(self._s.common_prefix(list(tokens)))
+        return int(self._s.common_prefix(tokens))
 
     def cancel(self) -> None:
-        """Ask a running ``sync`` (in another thread) to stop at the next chunk boundary."""
+        """Ask a running ``sync`` (in another thread) to stop: it raises CancelledError within a layer or
+        a 64-token group, and the session keeps the tokens of the chunks that finished."""
         self._s.cancel()
 
     # ---- outputs ----------------------------------------------------------------------------
@@ -195,22 +202,42 @@ class Session:
 
     def restore(self, snap: Snapshot) -> None:
         """Go back to ``snap`` (taken from a session with a compatible ctx)."""
-        self._s.load_payload(snap.payload)
+        self.load_payload(snap.payload)
 
     def save_payload(self) -> bytes:
-        """The DSV4 session payload (RUNTIME.md §6.1), byte-compatible with upstream."""
+        """The DSV4 session payload (docs/runtime.md §6.1), byte-compatible with upstream."""
         return self._s.save_payload()
 
     def load_payload(self, data: bytes | bytearray | memoryview) -> None:
-        """Replace the state with a payload; CacheFormatError (session unchanged) if it does not fit."""
-        self._s.load_payload(data)
+        """Replace the state with a payload; CacheFormatError (session unchanged) if it does not fit.
+
+        ``data`` is any C-contiguous bytes-like object; it is validated against the model (so a
+        payload from another model shape says so) before the core reads it.
+        """
+        try:
+            mv = memoryview(data)
+        except TypeError:
+            raise InvalidArgumentError(f"session payload must be bytes-like, got {type(data).__name__}") from None
+        if not mv.c_contiguous:
+            raise InvalidArgumentError("session payload must be a contiguous buffer "
+                                       "(bytes, bytearray or a C-contiguous view)")
+        if mv.ndim != 1 or mv.itemsize != 1:
+            mv = mv.cast("B")
+        self.engine.check_payload(mv)
+        self._s.load_payload(mv)
 
     def payload_size(self) -> int:
         return int(self._s.payload_size())
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the payload to ``path`` atomically (unique temp file in the same folder, fsync, rename)."""
-        write_atomic(Path(path), [self.save_payload()])
+        """Write the payload to ``path`` atomically (unique temp file in the same folder, fsync, rename).
+
+        Raises :class:`~ds4.errors.Ds4IOError` naming the file if the OS refuses; no temp file is left."""
+        from .errors import Ds4IOError
+        try:
+            write_atomic(Path(path), [self.save_payload()])
+        except OSError as e:
+            raise Ds4IOError(f"{path}: cannot write session file: {e.strerror or e}") from e
 
     @property
     def kv_bytes(self) -> int:
@@ -269,7 +296,7 @@ class Session:
     def mtp_logits(self) -> np.ndarray:
         """MTP draft logits (float32 copy, vocab) for the token after the next one.
 
-        One MTP step (MODEL.md §3.12) from the last evaluated token and its final hidden state, run
+        One MTP step (docs/model.md §3.12) from the last evaluated token and its final hidden state, run
         once per position on first request; the MTP block's own 128-token window gets a row per
         step taken, so call it after every eval when drafting continuously.
         """

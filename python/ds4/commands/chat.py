@@ -1,5 +1,5 @@
 """``ds4 chat``: a multi-turn REPL that keeps one live session, so each turn evaluates only its new
-tokens (upstream's ``ds4`` interactive mode, RUNTIME.md §10.1).
+tokens (upstream's ``ds4`` interactive mode, docs/runtime.md §10.1).
 
 The transcript is a token list: BOS [+ think-max prefix] [+ system text], then per turn User +
 text + the assistant prefix, the generated tokens (reasoning included) and an EOS that the next

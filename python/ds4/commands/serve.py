@@ -1,6 +1,6 @@
 """``ds4 serve -m MODEL [--host H] [--port N] [-c CTX] ...``: the OpenAI/Anthropic HTTP server.
 
-Flags follow upstream's ``ds4-server`` (RUNTIME.md §9.8); the disk KV cache flags are those of
+Flags follow upstream's ``ds4-server`` (docs/runtime.md §9.8); the disk KV cache flags are those of
 :func:`ds4.kvcache.add_arguments` (``--kv-cache-dir`` / ``--kv-disk-dir`` enables it). Without
 ``-m`` the bundled tiny synthetic model is served (useful to try the API; its text is noise).
 """

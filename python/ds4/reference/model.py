@@ -1,4 +1,4 @@
-"""The reference model: GGUF in, logits out, one token at a time (MODEL.md §3.0, §5.1, §7).
+"""The reference model: GGUF in, logits out, one token at a time (docs/model.md §3.0, §5.1, §7).
 
     >>> m = ReferenceModel("tiny.gguf")          # doctest: +SKIP
     >>> st = m.new_state(ctx=512)                # doctest: +SKIP
@@ -6,8 +6,8 @@
     >>> logits = m.decode(st, int(logits.argmax()))  # doctest: +SKIP
 
 Prefill runs exactly the per-token decode math for each prompt token in order (upstream's CPU
-prefill computes the same math, MODEL.md §5.1), then applies the after-prefill frontier reset
-(RUNTIME.md §5.1). Chunking a prefill therefore cannot change logits or state.
+prefill computes the same math, docs/model.md §5.1), then applies the after-prefill frontier reset
+(docs/runtime.md §5.1). Chunking a prefill therefore cannot change logits or state.
 
 Tracing: pass a dict as ``trace`` and every processed token appends its intermediate values to
 ``trace[key]`` (a list, one entry per token, in order). Keys: ``embd``; per layer ``blk.N.<name>``
@@ -244,7 +244,7 @@ class ReferenceModel:
     # ---- MTP ----
     def mtp_step(self, st: ReferenceState, hidden: np.ndarray, token: int, pos: int,
                  trace: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """One MTP draft step (MODEL.md §3.12): returns ``(logits, hc_out)``."""
+        """One MTP draft step (docs/model.md §3.12): returns ``(logits, hc_out)``."""
         if self.mtp is None:
             raise InvalidArgumentError("this model has no MTP block (mtp.0.* tensors)")
         from .mtp import mtp_step
