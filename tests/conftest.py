@@ -13,3 +13,8 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-long", action="store_true", default=False,
+                     help="run the long mutation-fuzzing campaign (tests/test_fuzz.py; also HYPOTHESIS_PROFILE=dev)")

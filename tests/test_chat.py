@@ -1,4 +1,4 @@
-"""Chat rendering golden tests: expected strings are written out by hand from RUNTIME.md §2 and
+"""Chat rendering golden tests: expected strings are written out by hand from docs/runtime.md §2 and
 upstream's server unit tests (test_render_*), never produced by ds4.chat itself."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ MAX_PREFIX = (
     "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n"
 )
 
-# RUNTIME.md §2.5, transcribed: {SCHEMAS} replaced by the marker.
+# docs/runtime.md §2.5, transcribed: {SCHEMAS} replaced by the marker.
 TOOLS_BLOCK = """## Tools
 
 You have access to a set of tools to help answer the user question. You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:

@@ -1,4 +1,4 @@
-"""DSML tool-call parser (RUNTIME.md §8.1-§8.2): hand-written cases plus render -> parse round trips."""
+"""DSML tool-call parser (docs/runtime.md §8.1-§8.2): hand-written cases plus render -> parse round trips."""
 
 from __future__ import annotations
 

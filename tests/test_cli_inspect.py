@@ -12,6 +12,7 @@ import pytest
 
 import ds4.testing as T
 from ds4.cli import main
+from _installed import installed_env
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def test_not_a_gguf(tmp_path, capsys):
 def test_no_traceback_from_the_real_entry_point(tmp_path):
     p = tmp_path / "trunc.gguf"
     p.write_bytes(b"GGUF\x03\x00\x00\x00")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "python"))
+    env = installed_env()
     r = subprocess.run([sys.executable, "-m", "ds4.cli", "inspect", str(p)], capture_output=True, text=True, env=env)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and "truncated" in r.stderr and r.stderr.count("\n") == 1

@@ -1,5 +1,5 @@
-"""End-to-end generation on the tiny synthetic model through the numpy reference model (the
-compiled engine's own tests cover it), and the ``ds4 generate`` / ``ds4 chat`` commands."""
+"""End-to-end generation on the tiny synthetic model, and the ``ds4 generate`` / ``ds4 chat``
+commands, on the compiled engine (what users run) and on the numpy reference model."""
 
 from __future__ import annotations
 
@@ -71,9 +71,18 @@ def _args(**kw):
     return argparse.Namespace(**base)
 
 
-def test_chat_repl_reuses_session(engine, tmp_path):
+@pytest.fixture(params=["engine", "reference"])
+def repl_engine(request, model_path):
+    """The REPL runs on the compiled engine (what users get) and on the numpy reference."""
+    if request.param == "reference":
+        return request.getfixturevalue("engine"), True
+    return request.getfixturevalue("core_engine"), False
+
+
+def test_chat_repl_reuses_session(repl_engine, tmp_path):
+    engine, reference = repl_engine
     out, err = io.StringIO(), io.StringIO()
-    repl = ChatRepl(engine, _args(), out=out, err=err)
+    repl = ChatRepl(engine, _args(reference=reference), out=out, err=err)
     tok = engine.tokenizer
     f1 = repl.turn("hi")
     assert f1.usage.cached_tokens == 0
@@ -92,9 +101,10 @@ def test_chat_repl_reuses_session(engine, tmp_path):
     assert tok.encode("from a file")[0] in repl.transcript
 
 
-def test_chat_think_max_gating(engine):
+def test_chat_think_max_gating(repl_engine):
+    engine, reference = repl_engine
     err = io.StringIO()
-    repl = ChatRepl(engine, _args(), out=io.StringIO(), err=err)
+    repl = ChatRepl(engine, _args(reference=reference), out=io.StringIO(), err=err)
     repl.command("/think-max")
     assert "Thinking mode: high (ctx below 393216)" in err.getvalue()
 

@@ -3,7 +3,7 @@ tiny synthetic model, and ``ds4 generate`` / ``ds4 chat --kv-cache-dir`` across 
 
 The cache knobs are lowered (min 32 tokens, align 16, trim 8, continued every 64) so prompts of a
 few hundred tokens exercise every store kind; expected store positions are computed here by hand
-from the policy of RUNTIME.md §7.3-7.4, not by the cache's own helpers.
+from the policy of docs/runtime.md §7.3-7.4, not by the cache's own helpers.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import ds4.testing
 from ds4.chat import BOS, USER, encode_chat_prompt
 from ds4.generation import build_prompt, generate, prompt_text
 from ds4.kvcache import KVCache, read_cache_file
+from _installed import installed_env
 
 pytest.importorskip("ds4._core")
 from ds4.engine import Engine  # noqa: E402  (needs the compiled core)
@@ -33,7 +34,6 @@ KNOBS = dict(min_tokens=MIN, boundary_align=ALIGN, boundary_trim=TRIM, continued
 CTX = 1024
 PROMPT = "the quick brown fox jumps over the lazy dog " * 12
 GREEDY = dict(max_tokens=24, temperature=0.0, ctx=CTX, stream=False)
-PYTHON = Path(__file__).resolve().parent.parent / "python"
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +232,7 @@ def test_store_failures_never_lose_output(engine, tmp_path, caplog):
 # ---- the CLI across processes ---------------------------------------------------------------------
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(PYTHON)}
+    env = installed_env()
     return subprocess.run([sys.executable, "-m", "ds4.cli", *args], input=stdin, capture_output=True, text=True,
                           env=env, timeout=120)
 

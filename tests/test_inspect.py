@@ -245,7 +245,7 @@ def test_flash_is_recognised(flash_file):
     info = ds4.inspect(flash_file, strict=True)
     assert info.variant == "flash" and info.shape == FLASH
     assert info.hash_layers == (0, 1, 2)
-    # MODEL.md: 284B total parameters; active = everything but 250/256 of the routed experts
+    # docs/model.md: 284B total parameters; active = everything but 250/256 of the routed experts
     assert 283e9 < info.n_params < 285e9
     assert info.tokenizer.n_tokens == 129280
 
@@ -286,11 +286,11 @@ def test_pro_is_recognised(tmp_path):
         ds4.inspect(T.write_plan(tmp_path / "pro2.gguf", plan, header_only=True))
 
 
-# ---- memory plan (RUNTIME.md §5.3) ----------------------------------------------------------
+# ---- memory plan (docs/runtime.md §5.3) ----------------------------------------------------------
 
 def test_flash_memory_plan_at_32768(flash_file):
     m = ds4.inspect(flash_file, ctx=32768).memory
-    # hand-computed from RUNTIME.md §5: 43 layers x min(128, ctx) raw rows x 512 floats
+    # hand-computed from docs/runtime.md §5: 43 layers x min(128, ctx) raw rows x 512 floats
     assert m.raw_cap == 128 and m.raw_bytes == 43 * 128 * 512 * 4 == 11_272_192
     # 21 ratio-4 layers: ctx/4+2 rows of 512; 20 ratio-128 layers: ctx/128+2 rows of 512
     assert m.compressed_bytes == 21 * 8194 * 512 * 4 + 20 * 258 * 512 * 4
@@ -364,7 +364,7 @@ def test_deepseek4_is_supported(tiny_full):
     ds4.inspect(tiny_full).check_supported()
 
 
-# RUNTIME.md §5.3 worked values (graph backend) and the CPU figure, in MiB to one decimal.
+# docs/runtime.md §5.3 worked values (graph backend) and the CPU figure, in MiB to one decimal.
 @pytest.mark.parametrize("ctx, backend, mib", [
     (32768, "graph", 751.7), (100000, "graph", 1896.6), (393216, "graph", 6889.7),
     (1048576, "graph", 18049.7), (32768, "cpu", 441.0),

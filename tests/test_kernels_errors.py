@@ -87,7 +87,9 @@ def test_ds4_simd_env_selects_the_initial_path(request_path):
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), DS4_SIMD=request_path)
+    from _installed import installed_env
+
+    env = installed_env(DS4_SIMD=request_path)   # the installed package, not the source tree
     code = "import ds4._core as c; print(c.simd_path(), ','.join(c.simd_paths()))"
     active, avail = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                    check=True).stdout.split()

@@ -1,5 +1,5 @@
 """ds4.KVCache policy with engine-free fakes (tests/kvcache_fakes.py): lookup, stores, eviction,
-corruption handling. Expected values come from RUNTIME.md §7 (numbers quoted next to them)."""
+corruption handling. Expected values come from docs/runtime.md §7 (numbers quoted next to them)."""
 
 from __future__ import annotations
 

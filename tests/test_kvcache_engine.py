@@ -58,7 +58,7 @@ def test_engine_payload_passes_pure_python_validator(engine):
     info = read_payload_info(data, sh.compress_ratios, head_dim=sh.head_dim,
                              indexer_head_dim=sh.indexer_head_dim, n_vocab=sh.n_vocab)
     assert info.nbytes == len(data) and info.tokens == s.pos
-    # cold prefill row counts (RUNTIME.md §6.1): n_comp = T // ratio, indexer rows on ratio 4
+    # cold prefill row counts (docs/runtime.md §6.1): n_comp = T // ratio, indexer rows on ratio 4
     assert info.n_comp == tuple(s.pos // r if r else 0 for r in sh.compress_ratios)
     assert info.n_index_comp == tuple(s.pos // r if r == 4 else 0 for r in sh.compress_ratios)
 

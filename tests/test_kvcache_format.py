@@ -1,4 +1,4 @@
-"""Upstream byte layout of ``.kv`` files (RUNTIME.md §7.1), pinned from the spec's tables.
+"""Upstream byte layout of ``.kv`` files (docs/runtime.md §7.1), pinned from the spec's tables.
 
 Expected bytes are written out with struct.pack / literals following the offset table, so a change
 in ds4.kvcache_format's field order or widths fails here.

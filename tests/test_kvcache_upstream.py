@@ -72,7 +72,7 @@ def test_engine_restores_upstream_file(upstream_dir):
         ref = eng.session(ctx=512)
         ref.sync(prepared.tokens)
         diff = np.abs(np.asarray(s.logits) - np.asarray(ref.logits))
-        # Upstream and this engine round Q8_0 activations differently on ties (MODEL.md §4.6), so
+        # Upstream and this engine round Q8_0 activations differently on ties (docs/model.md §4.6), so
         # the states differ by noise: measured mean |diff| 0.026 (upstream's own strict vs
         # fast-math builds differ by ~0.03, docs/validation.md). A wrong state is
         # far off: 8 wrong prefix tokens give 0.79, no prefix at all 1.1.

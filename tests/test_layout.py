@@ -1,4 +1,4 @@
-"""ds4.layout: the tensor inventory against MODEL.md §2's Flash tables (values typed in by hand)."""
+"""ds4.layout: the tensor inventory against docs/model.md §2's Flash tables (values typed in by hand)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ds4.testing import PRESETS
 
 FLASH_SPECS = {s.name: s for s in tensor_specs(FLASH)}
 
-# (name, type, dims) rows of MODEL.md §2.1-§2.2 with Flash values.
+# (name, type, dims) rows of docs/model.md §2.1-§2.2 with Flash values.
 FLASH_TABLE = [
     ("token_embd.weight", G.F16, (4096, 129280)),
     ("output_hc_base.weight", G.F32, (4,)),

@@ -1,4 +1,4 @@
-"""DSV4 session payload reader (ds4.payload) against RUNTIME.md §6.1-6.2, written from the spec.
+"""DSV4 session payload reader (ds4.payload) against docs/runtime.md §6.1-6.2, written from the spec.
 
 The reference payload below is assembled field by field with struct.pack from the spec's table,
 never with ds4.payload's writer, so the layout is pinned independently of the code under test.
@@ -108,7 +108,7 @@ def test_synthetic_payload_matches_hand_layout():
 
 
 def test_flash_frontier_sizes_from_spec():
-    # RUNTIME.md §5.1: ratio-4 attention state 32768 B, ratio-128 262144 B, ratio-4 indexer 8192 B.
+    # docs/runtime.md §5.1: ratio-4 attention state 32768 B, ratio-128 262144 B, ratio-4 indexer 8192 B.
     assert attn_state_bytes(4, 512) == 32768
     assert attn_state_bytes(128, 512) == 262144
     assert index_state_bytes(4, 128) == 8192

@@ -1,7 +1,7 @@
 """Activation quantisation (Q8_0-act, Q8_K) byte for byte against ds4.reference.quant.
 
 Both sides do the same float32 operations (one division, one reciprocal, one multiply, rint with
-ties to even), so the blocks must be identical, including the k+0.5 tie cases of MODEL.md 4.6.
+ties to even), so the blocks must be identical, including the k+0.5 tie cases of docs/model.md 4.6.
 """
 
 from __future__ import annotations

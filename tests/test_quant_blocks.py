@@ -136,7 +136,7 @@ def activation(n: int, seed: int, pattern: str, batch: int | None = None) -> np.
         x[...] = 0
         x.reshape(-1)[rng.integers(0, x.size)] = rng.choice([-3.5, 7.0, 1e-20])
     elif pattern == "ties":
-        # Values on a half-integer grid of the block scale: x*id lands on k+0.5 ties (MODEL.md 4.6).
+        # Values on a half-integer grid of the block scale: x*id lands on k+0.5 ties (docs/model.md 4.6).
         x = (rng.integers(-254, 255, size=shape) / 2.0).astype(np.float32)
         x.reshape(-1)[::32] = 127.0
     elif pattern == "tiny":

@@ -14,13 +14,14 @@ import urllib.request
 from pathlib import Path
 
 import ds4.testing
+from _installed import installed_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE = 60  # seconds for the whole process lifetime; the tiny model starts in well under 5
 
 
 def _start(args, tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "python"), os.environ.get("PYTHONPATH")) if p))
+    env = installed_env()
     log = open(tmp_path / "serve.log", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "ds4.cli", "serve", "--port", "0", *args], stdout=log,
                             stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
@@ -65,14 +66,14 @@ def test_serve_process_sigint(tmp_path):
 
 
 def test_serve_bad_flag_exits_2(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    env = installed_env()
     r = subprocess.run([sys.executable, "-m", "ds4.cli", "serve", "--ctx", "0"], capture_output=True, text=True,
                        env=env, timeout=DEADLINE)
     assert r.returncode == 2 and "--ctx" in r.stderr
 
 
 def test_serve_unavailable_backend_exits_2(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    env = installed_env()
     r = subprocess.run([sys.executable, "-m", "ds4.cli", "serve", "--metal", "--port", "0"], capture_output=True,
                        text=True, env=env, timeout=DEADLINE)
     assert r.returncode == 2 and "metal" in r.stderr

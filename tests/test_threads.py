@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 import ds4._core as core
 from ds4.errors import InvalidArgumentError
+from _installed import installed_env
 from test_quant_blocks import WEIGHT_TYPES, activation, block_size, random_weights
 
 
@@ -61,7 +62,7 @@ def _check_thread_counts(qtype):
 
 def test_default_threads_and_env_override():
     code = "import ds4._core as c; print(c.threads(), c.default_threads())"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env = installed_env()   # the installed package, not the source tree
     env.pop("DS4_THREADS", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert int(out[0]) == int(out[1]) >= 1
@@ -130,3 +131,15 @@ def test_resizing_while_other_threads_compute(restore_threads):
     for t in workers:
         t.join()
     assert not errors, errors[0]
+
+
+def test_child_processes_import_the_same_ds4() -> None:
+    # tests/_installed.py: subprocess tests check the package this process imported (the installed
+    # one), not a source tree prepended to PYTHONPATH.
+    import ds4
+    from _installed import installed_env
+
+    code = "import ds4, ds4._core; print(ds4.__file__); print(ds4._core.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=installed_env(), capture_output=True, text=True,
+                         check=True, cwd="/").stdout.split("\n")
+    assert out[0] == ds4.__file__ and out[1] == core.__file__

@@ -109,7 +109,7 @@ def test_encode_matches_official_whitespace_and_code(tok, ref, text):
 
 @needs_real
 def test_spec_hand_examples_piece_boundaries(tok):
-    # RUNTIME.md §1.4 hand examples (where upstream and official agree): pieces are encoded
+    # docs/runtime.md §1.4 hand examples (where upstream and official agree): pieces are encoded
     # independently, so the ids of the text are the concatenated ids of its pieces.
     examples = {
         "hello world": ["hello", " world"],
@@ -214,7 +214,7 @@ def tiny(tmp_path_factory):
 
 
 def _naive_bpe(piece_bytes: bytes, ranks: dict[tuple[str, str], int], ids: dict[str, int]) -> list[int]:
-    """RUNTIME.md §1.5 written the slow obvious way: merge the lowest-rank pair, leftmost on ties."""
+    """docs/runtime.md §1.5 written the slow obvious way: merge the lowest-rank pair, leftmost on ties."""
     b2u = byte_to_unicode()
     syms = [b2u[b] for b in piece_bytes]
     while True:

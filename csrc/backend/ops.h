@@ -140,7 +140,7 @@ struct StoreRowF16Args {
 struct CompressorStoreArgs {
     const TensorRef* ape;        // [coff*head_dim x ratio]
     Tensor kv_cur, score_cur;    // one row of coff*head_dim each (score_cur gets the APE added)
-    Tensor state_kv, state_score;
+    Tensor state_kv, state_score;  // written at row Shape::frontier_row(ratio, pos)
     int ratio;
     int64_t head_dim;
     int64_t pos;

@@ -15,6 +15,8 @@ void init_errors(py::module_& m) {
     static py::object cls_cache = errors.attr("CacheFormatError");
     static py::object cls_cancelled = errors.attr("CancelledError");
     static py::object cls_io = errors.attr("Ds4IOError");
+    static py::object cls_busy = errors.attr("SessionBusyError");
+    static py::object cls_memory = errors.attr("Ds4MemoryError");
     static py::object cls_base = errors.attr("Ds4Error");
 
     py::register_exception_translator([](std::exception_ptr p) {
@@ -30,10 +32,11 @@ void init_errors(py::module_& m) {
                 case ds4::ErrorKind::CacheFormat: cls = cls_cache.ptr(); break;
                 case ds4::ErrorKind::Cancelled: cls = cls_cancelled.ptr(); break;
                 case ds4::ErrorKind::Io: cls = cls_io.ptr(); break;
+                case ds4::ErrorKind::Busy: cls = cls_busy.ptr(); break;
             }
             PyErr_SetString(cls, e.what());
         } catch (const std::bad_alloc&) {
-            PyErr_SetString(PyExc_MemoryError, "ds4 core: out of memory");
+            PyErr_SetString(cls_memory.ptr(), "ds4 core: out of memory (the context or batch is too large for this machine)");
         }
     });
 }

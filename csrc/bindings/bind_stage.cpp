@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bindings/buffers.h"
 #include "common/errors.h"
 #include "session/stage_session.h"
 
@@ -71,11 +72,9 @@ void init_stage(py::module_& m) {
         .def(
             "load_payload",
             [](ds4::StageSession& self, const py::buffer& data) {
-                py::buffer_info info = data.request();
-                const uint8_t* ptr = static_cast<const uint8_t*>(info.ptr);
-                const size_t n = (size_t)(info.size * info.itemsize);
+                const ds4_bindings::ByteRange bytes = ds4_bindings::contiguous_bytes(data, "stage payload");
                 py::gil_scoped_release nogil;
-                self.load_payload(ptr, n);
+                self.load_payload(bytes.ptr, bytes.size);
             },
             py::arg("data"))
         .def("mtp_logits", [](ds4::StageSession& self) {

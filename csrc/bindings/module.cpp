@@ -7,6 +7,8 @@ void init_errors(py::module_& m);
 void init_quant(py::module_& m);
 void init_engine(py::module_& m);
 void init_session(py::module_& m);
+void init_hooks(py::module_& m);
+void init_sampling(py::module_& m);
 void init_stage(py::module_& m);
 void init_backend_ops(py::module_& m);
 
@@ -15,7 +17,9 @@ PYBIND11_MODULE(_core, m) {
     init_errors(m);
     init_quant(m);
     init_engine(m);
+    init_hooks(m);
     init_session(m);
+    init_sampling(m);
     init_stage(m);
     init_backend_ops(m);
 }

@@ -14,6 +14,7 @@ enum class ErrorKind {
     CacheFormat,       // bad session payload / KV cache file -> CacheFormatError
     Cancelled,         // a cancel flag was raised between chunks -> CancelledError
     Io,                // the OS refused a read/write/mmap -> Ds4IOError
+    Busy,              // a session entered by a second caller while in use -> SessionBusyError
 };
 
 class Error : public std::runtime_error {

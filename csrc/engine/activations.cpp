@@ -45,11 +45,11 @@ void Activations::ensure(backend::Backend& be, const Shape& s, int64_t nb, int64
         make(shared_mid, be, F, nb);
         make(shared_out, be, E, nb);
         make(ffn_out, be, E, nb);
+        make(head_in, be, E, nb);
         rows = nb;
     }
     if (!comp_row) {
         make(comp_row, be, std::max<int64_t>(s.head_dim, s.indexer_head_dim), 1);
-        make(head_in, be, s.n_embd, 1);
         make(mtp_embed, be, s.n_embd, 1);
     }
     if (comp_cap > comp_rows || !index_scores) {

@@ -26,9 +26,11 @@ struct Activations {
     // FFN: router logits and choices, shared expert, routed experts' sum.
     backend::OwnedTensor router_logits, expert_ids, expert_weights;
     backend::OwnedTensor shared_gate, shared_up, shared_mid, shared_out, ffn_out;
-    // One token at a time: a closed compressor window's row, indexer scores and keep-mask,
-    // the output head's input, and the MTP block's embedding.
-    backend::OwnedTensor comp_row, index_scores, index_mask, head_in, mtp_embed;
+    // The output head's input (one row per token: a verification pass runs the head on each).
+    backend::OwnedTensor head_in;
+    // One token at a time: a closed compressor window's row, indexer scores and keep-mask, and
+    // the MTP block's embedding.
+    backend::OwnedTensor comp_row, index_scores, index_mask, mtp_embed;
 
     // Grows the tensors for a batch of nb tokens and comp_rows compressed rows.
     void ensure(backend::Backend& be, const Shape& s, int64_t nb, int64_t comp_rows);

@@ -2,14 +2,21 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "common/errors.h"
+#include "engine/cancel.h"
 #include "layers/indexer.h"
 #include "model/rope_params.h"
+#include "state/kv_rollback.h"
 
 namespace ds4 {
 
 namespace {
+
+// Attention runs token by token: a cancellation point every this many tokens (engine/cancel.h;
+// a throw there is safe: CommandBatch waits for queued work as it unwinds).
+constexpr int64_t kCancelTokenGroup = 64;
 
 using backend::OwnedTensor;
 using backend::Tensor;
@@ -43,12 +50,14 @@ struct CompressorLane {
     bool fp8;
 };
 
-template <class PushSlot>
+// log (a speculative batch) records the frontier row just stored; see attention_layer.
+template <class PushSlot, class Log>
 void compressor_token(const ForwardContext& fc, const Shape& s, const CompressorLane& lane, int ratio,
                       const RopeParams& rope, const Tensor& kv_cur, const Tensor& score_cur, int64_t pos,
-                      PushSlot push_slot) {
+                      PushSlot push_slot, Log log) {
     backend::Stream& st = fc.stream;
     st.compressor_store({&lane.w.ape, kv_cur, score_cur, *lane.state_kv, *lane.state_score, ratio, lane.head_dim, pos});
+    log();
     if ((pos + 1) % ratio != 0) return;
     const Tensor row = fc.act.comp_row->span(0, lane.head_dim);
     st.compressor_pool({&lane.w.norm, *lane.state_kv, *lane.state_score, row, ratio, lane.head_dim, s.n_rot, s.rms_eps,
@@ -57,8 +66,25 @@ void compressor_token(const ForwardContext& fc, const Shape& s, const Compressor
     st.store_row_f16({row, push_slot()});
 }
 
+// Runs the steering edit and the activation tap (engine/layer_hooks.h) on nb rows of n_embd floats.
+// They work on host memory: the rows go through a download (and, when edited, an upload back),
+// which on the CPU backend is a memcpy; nothing happens without hooks.
+void apply_hooks(const ForwardContext& fc, const LayerHooks* hooks, HookPoint p, int il, const Tensor& rows,
+                 int64_t nb) {
+    if (!hooks) return;
+    thread_local std::vector<float> host;
+    const int64_t E = fc.model.shape().n_embd;
+    host.resize((size_t)(nb * E));
+    const uint64_t bytes = (uint64_t)rows.nbytes();
+    fc.stream.download(rows, host.data(), bytes);
+    hooks->at(p, il, host.data(), nb);
+    if (hooks->steering && hooks->steering->active(p)) fc.stream.upload(rows, host.data(), bytes);
+}
+
 // Attention sublayer of layer il of kv.shape (its ratio and RoPE), with weights L: hc -> hc_mid.
-void attention_layer(const ForwardContext& fc, const LayerWeights& L, KvState& kv, int il, int64_t nb, int64_t pos0) {
+// log: where a speculative batch records the frontier rows it stores (null otherwise).
+void attention_layer(const ForwardContext& fc, const LayerWeights& L, KvState& kv, int il, int64_t nb, int64_t pos0,
+                     const LayerHooks* hooks = nullptr, const KvRollback* log = nullptr) {
     const Shape& s = kv.shape;
     const AttentionWeights& w = L.attn;
     backend::Stream& st = fc.stream;
@@ -106,16 +132,19 @@ void attention_layer(const ForwardContext& fc, const LayerWeights& L, KvState& k
     const CompressorLane attn_lane{L.comp, C.attn_state_kv, C.attn_state_score, D, true};
     const CompressorLane index_lane{L.indexer.comp, C.index_state_kv, C.index_state_score, I, false};
     for (int64_t b = 0; b < nb; ++b) {
+        if (b % kCancelTokenGroup == kCancelTokenGroup - 1) poll_cancel();   // engine/cancel.h
         const int64_t pos = pos0 + b;
         st.store_row_f16({A.kv_row->row(b), kv.push_raw_slot(il)});
         Tensor mask;
         if (ratio != 0) {
             compressor_token(fc, s, attn_lane, ratio, rope, comp_kv.row(b), comp_score.row(b), pos,
-                             [&] { return kv.push_comp_slot(il); });
+                             [&] { return kv.push_comp_slot(il); },
+                             [&] { if (log) log->record(st, kv, il, 0, b); });
         }
         if (ratio == 4) {
             compressor_token(fc, s, index_lane, ratio, rope, index_kv.row(b), index_score.row(b), pos,
-                             [&] { return kv.push_index_comp_slot(il); });
+                             [&] { return kv.push_index_comp_slot(il); },
+                             [&] { if (log) log->record(st, kv, il, 1, b); });
             if (indexer_needed(s, C.n_index_comp)) {
                 if (!need_indexer) fail(ErrorKind::InvalidArgument, "internal: indexer inputs were not prepared");
                 const int64_t n = C.n_index_comp;
@@ -134,11 +163,13 @@ void attention_layer(const ForwardContext& fc, const LayerWeights& L, KvState& k
 
     st.grouped_output_a({&w.attn_output_a, rows_of(A.heads, nb), rows_of(A.out_low, nb), s.n_out_group, s.o_lora_rank});
     st.linear({&w.attn_output_b, rows_of(A.out_low, nb), rows_of(A.attn_out, nb)});
+    apply_hooks(fc, hooks, HookPoint::AttnOut, il, rows_of(A.attn_out, nb), nb);
     st.hc_post({rows_of(A.attn_out, nb), rows_of(A.hc, nb), rows_of(A.hc_split, nb), rows_of(A.hc_mid, nb), s.n_hc});
 }
 
 // FFN sublayer: hc_mid -> hc.
-void ffn_layer(const ForwardContext& fc, const FfnWeights& w, const int32_t* tokens, int64_t nb) {
+void ffn_layer(const ForwardContext& fc, const FfnWeights& w, const int32_t* tokens, int64_t nb, int il = 0,
+               const LayerHooks* hooks = nullptr) {
     const Shape& s = fc.model.shape();
     backend::Stream& st = fc.stream;
     Activations& A = fc.act;
@@ -158,14 +189,16 @@ void ffn_layer(const ForwardContext& fc, const FfnWeights& w, const int32_t* tok
                        rows_of(A.expert_weights, nb), s.n_expert, s.n_expert_used, s.n_ff_exp, s.swiglu_clamp,
                        rows_of(A.ffn_out, nb)});
     st.add({rows_of(A.ffn_out, nb), rows_of(A.shared_out, nb), rows_of(A.ffn_out, nb)});
+    apply_hooks(fc, hooks, HookPoint::FfnOut, il, rows_of(A.ffn_out, nb), nb);
     st.hc_post({rows_of(A.ffn_out, nb), rows_of(A.hc_mid, nb), rows_of(A.hc_split, nb), rows_of(A.hc, nb), s.n_hc});
 }
 
 void head_logits(const ForwardContext& fc, const OutputHeadWeights& head, const Tensor& hc, const Tensor& logits) {
     const Shape& s = fc.model.shape();
-    fc.stream.hc_collapse_norm({&head.hc_fn, &head.hc_scale, &head.hc_base, &head.norm, hc, *fc.act.head_in, s.n_hc,
-                                s.rms_eps, s.hc_eps});
-    fc.stream.linear({&fc.model.weights().output, *fc.act.head_in, logits});
+    const Tensor y = fc.act.head_in->row(0);
+    fc.stream.hc_collapse_norm({&head.hc_fn, &head.hc_scale, &head.hc_base, &head.norm, hc, y, s.n_hc, s.rms_eps,
+                                s.hc_eps});
+    fc.stream.linear({&fc.model.weights().output, y, logits});
 }
 
 void check_token(const Shape& s, int32_t t) {
@@ -188,8 +221,13 @@ void output_logits(const ForwardContext& fc, const Tensor& hc, const Tensor& log
     head_logits(fc, fc.model.weights().head, hc, logits);
 }
 
-void forward_stage(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
-                   const float* hc_in, float* hc_out, const Tensor& logits, const Tensor& final_hc) {
+namespace {
+
+// The stage's checks, then its layers over the batch inside the open command batch (the
+// embedding first on the first stage, else hc_in uploaded); leaves every token's HC state after
+// the stage's last layer in act.hc. hooks: steering / tap (null: none). log: see attention_layer.
+void run_layers(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
+                const float* hc_in, const LayerHooks* hooks, const KvRollback* log) {
     const Shape& s = fc.model.shape();
     const ModelWeights& W = fc.model.weights();
     const int l0 = fc.model.layer_begin(), l1 = fc.model.layer_end();
@@ -200,21 +238,34 @@ void forward_stage(const ForwardContext& fc, KvState& kv, const int32_t* tokens,
     if (!fc.model.first_stage() && !hc_in) {
         fail(ErrorKind::InvalidArgument, "a stage after the first needs the previous stage's HC state");
     }
-    if (!fc.model.last_stage() && !hc_out) {
-        fail(ErrorKind::InvalidArgument, "a stage before the last needs somewhere to put its HC state");
-    }
-    prepare(fc, kv, n);
-    CommandBatch batch(fc.stream);
     const Tensor hc = rows_of(fc.act.hc, n);
     if (fc.model.first_stage()) {
         fc.stream.embed_tokens_hc({&W.token_embd, tokens, n, s.n_hc, hc});
     } else {
         fc.stream.upload(hc, hc_in, (uint64_t)hc.nbytes());
     }
+    if (hooks && hooks->empty()) hooks = nullptr;
+    if (hooks && hooks->tap) hooks->tap->begin_batch(pos0, n);
     for (int il = l0; il < l1; ++il) {
-        attention_layer(fc, W.layers[il], kv, il, n, pos0);
-        ffn_layer(fc, W.layers[il].ffn, tokens, n);
+        attention_layer(fc, W.layers[il], kv, il, n, pos0, hooks, log);
+        poll_cancel();   // a cancellation point between sublayers (engine/cancel.h)
+        ffn_layer(fc, W.layers[il].ffn, tokens, n, il, hooks);
+        poll_cancel();
     }
+}
+
+}  // namespace
+
+void forward_stage(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
+                   const float* hc_in, float* hc_out, const Tensor& logits, const Tensor& final_hc,
+                   const LayerHooks* hooks) {
+    if (!fc.model.last_stage() && !hc_out) {
+        fail(ErrorKind::InvalidArgument, "a stage before the last needs somewhere to put its HC state");
+    }
+    prepare(fc, kv, n);
+    CommandBatch batch(fc.stream);
+    run_layers(fc, kv, tokens, n, pos0, hc_in, hooks, nullptr);
+    const Tensor hc = rows_of(fc.act.hc, n);
     if (!fc.model.last_stage()) {
         fc.stream.download(hc, hc_out, (uint64_t)hc.nbytes());
         return;
@@ -225,8 +276,31 @@ void forward_stage(const ForwardContext& fc, KvState& kv, const int32_t* tokens,
 }
 
 void forward_batch(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
-                   const Tensor& logits, const Tensor& final_hc) {
-    forward_stage(fc, kv, tokens, n, pos0, nullptr, nullptr, logits, final_hc);
+                   const Tensor& logits, const Tensor& final_hc, const LayerHooks* hooks) {
+    forward_stage(fc, kv, tokens, n, pos0, nullptr, nullptr, logits, final_hc, hooks);
+}
+
+void forward_verify(const ForwardContext& fc, KvState& kv, const int32_t* tokens, int64_t n, int64_t pos0,
+                    const Tensor& all_logits, const Tensor& all_hc, KvRollback& log, const LayerHooks* hooks) {
+    if (!fc.model.first_stage() || !fc.model.last_stage()) {
+        fail(ErrorKind::Unsupported, "speculative verification needs the whole model (not a pipeline stage)");
+    }
+    const Shape& s = fc.model.shape();
+    const OutputHeadWeights& head = fc.model.weights().head;
+    prepare(fc, kv, n);
+    CommandBatch batch(fc.stream);
+    log.capture(fc.model.backend(), fc.stream, kv, pos0, n);
+    run_layers(fc, kv, tokens, n, pos0, nullptr, hooks, &log);
+    backend::Stream& st = fc.stream;
+    st.copy({rows_of(fc.act.hc, n), all_hc});
+    // The head for every position: n collapsed rows, then one batched product (its rows equal
+    // n single-row products, so each row is what decode computes).
+    const Tensor ys = rows_of(fc.act.head_in, n);
+    for (int64_t b = 0; b < n; ++b) {
+        st.hc_collapse_norm({&head.hc_fn, &head.hc_scale, &head.hc_base, &head.norm, fc.act.hc->row(b), ys.row(b),
+                             s.n_hc, s.rms_eps, s.hc_eps});
+    }
+    st.linear({&fc.model.weights().output, ys, all_logits});
 }
 
 Shape mtp_state_shape(const Shape& s) {
@@ -257,6 +331,7 @@ void mtp_forward(const ForwardContext& fc, KvState& mtp_kv, const Tensor& hprev,
         st.linear({&M.h_proj, x, h});
         st.add({e, h, A.hc->row(0).span(k * E, E)});
     }
+    // The draft block is not steered: steering directions are per main-model layer.
     attention_layer(fc, M.block, mtp_kv, 0, 1, pos);
     ffn_layer(fc, M.block.ffn, &token, 1);
     if (hc_out) st.copy({A.hc->row(0), hc_out});

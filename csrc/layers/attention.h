@@ -1,4 +1,4 @@
-// Attention core with sinks (MODEL.md §3.8): every head attends the raw sliding window (oldest
+// Attention core with sinks (docs/model.md §3.8): every head attends the raw sliding window (oldest
 // first) then the compressed rows allowed by the indexer, with a learned sink logit in the
 // softmax denominator. K and V are the same cached row.
 #pragma once

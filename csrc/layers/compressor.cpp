@@ -60,7 +60,7 @@ void compressor_store(const TensorRef& ape, float* skv, float* ssc, const float*
                       int64_t hd, int64_t pos, float* tmp) {
     const int64_t width = Shape::coff(ratio) * hd;
     const int64_t pos_mod = pos % ratio;
-    const int64_t row = ratio == 4 ? ratio + pos_mod : pos_mod;
+    const int64_t row = Shape::frontier_row(ratio, pos);
     // APE row pos_mod of the [width, ratio] tensor, added to the score only.
     dequantize_row(ape.type, ape.data + pos_mod * ape.row_stride(), tmp, width);
     for (int64_t j = 0; j < width; ++j) sc_cur[j] += tmp[j];

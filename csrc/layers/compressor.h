@@ -1,4 +1,4 @@
-// The KV compressor (MODEL.md §3.7): a per-dimension softmax pooling of every `ratio` tokens into
+// The KV compressor (docs/model.md §3.7): a per-dimension softmax pooling of every `ratio` tokens into
 // one row, with a learned score (gate + APE). Ratio-4 layers pool two overlapping lanes (previous
 // window first halves, current window second halves). Three steps, one per backend op: store a
 // token into the frontier, pool a closed window into a row, and (ratio 4) shift the windows.

@@ -1,4 +1,4 @@
-// Simulated low-precision round trips DeepSeek V4 was trained with (MODEL.md §3.5, §4.5):
+// Simulated low-precision round trips DeepSeek V4 was trained with (docs/model.md §3.5, §4.5):
 // FP8 E4M3 on the non-RoPE dims of KV rows, and a Hadamard-128 + FP4 E2M1 on indexer rows.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Hyper-connections (MODEL.md §3.1, §3.9): n_hc residual streams mixed into one sublayer input by
+// Hyper-connections (docs/model.md §3.1, §3.9): n_hc residual streams mixed into one sublayer input by
 // learned pre weights, and written back through post gates and a Sinkhorn-normalised combine matrix.
 #pragma once
 #include <cstdint>

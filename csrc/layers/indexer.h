@@ -1,4 +1,4 @@
-// The ratio-4 "lightning" indexer (MODEL.md §3.6): scores every compressed indexer row against
+// The ratio-4 "lightning" indexer (docs/model.md §3.6): scores every compressed indexer row against
 // per-head FP4 queries and keeps the top_k rows for attention.
 #pragma once
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Dense projections y = W·x over a batch of tokens, with the activation prepared in the format the
-// weight type wants (MODEL.md §4.2: Q8_0 activations for Q8_0 weights, Q8_K for k-quants, floats
+// weight type wants (docs/model.md §4.2: Q8_0 activations for Q8_0 weights, Q8_K for k-quants, floats
 // for F16/F32). Row results do not depend on the batch size, so prefill equals decode bit for bit.
 #pragma once
 #include <cstdint>

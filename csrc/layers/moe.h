@@ -1,4 +1,4 @@
-// The FFN sublayer's experts (MODEL.md §3.10): sqrt(softplus) router with hash routing on the
+// The FFN sublayer's experts (docs/model.md §3.10): sqrt(softplus) router with hash routing on the
 // first layers or biased top-k elsewhere, routed SwiGLU experts with clamps (routing weight
 // applied before the down projection), and the always-on shared expert.
 #pragma once

@@ -1,5 +1,5 @@
 // Scalar numerics shared by the DS4 layers: f16 round trips, RMSNorms with a double sum of squares,
-// the stable sigmoid family. Each follows upstream's CPU float order (MODEL.md §4.3, §4.4) so
+// the stable sigmoid family. Each follows upstream's CPU float order (docs/model.md §4.3, §4.4) so
 // logits stay within upstream's build-to-build noise.
 #pragma once
 #include <cmath>

@@ -1,5 +1,5 @@
 // RoPE on the last n_rot dims of each head, with DeepSeek V4's YaRN frequency blend on compressed
-// layers (MODEL.md §3.4). Pairs are adjacent elements (interleaved), theta built by repeated
+// layers (docs/model.md §3.4). Pairs are adjacent elements (interleaved), theta built by repeated
 // multiplication like upstream.
 #pragma once
 #include <cstdint>

@@ -42,6 +42,9 @@ struct Shape {
 
     int ratio(int il) const { return compress_ratios[il]; }
     static int coff(int ratio) { return ratio == 4 ? 2 : 1; }
+    // The compressor-frontier row a token at position pos writes (ratio 4: the current window's
+    // half, rows 4..7; ratio 128: row pos % 128).
+    static int64_t frontier_row(int ratio, int64_t pos) { return ratio == 4 ? ratio + pos % ratio : pos % ratio; }
     int64_t hc_dim() const { return int64_t(n_embd) * n_hc; }
     int hc_mix() const { return 2 * n_hc + n_hc * n_hc; }
     int64_t q_dim() const { return int64_t(n_head) * head_dim; }

@@ -1,4 +1,4 @@
-// Every tensor the forward pass reads, bound per layer from the tensor table (MODEL.md §2).
+// Every tensor the forward pass reads, bound per layer from the tensor table (docs/model.md §2).
 #pragma once
 #include <vector>
 

@@ -1,4 +1,4 @@
-// Exact dequantisation of whole blocks (MODEL.md 4.1). The float expression order follows ggml's
+// Exact dequantisation of whole blocks (docs/model.md 4.1). The float expression order follows ggml's
 // reference dequantisers so results match gguf-py's independent implementation.
 #include <string>
 

@@ -1,4 +1,4 @@
-// ARM NEON (armv8.2-a dotprod) row-dot kernels, in upstream's NEON float orders (MODEL.md 4.2,
+// ARM NEON (armv8.2-a dotprod) row-dot kernels, in upstream's NEON float orders (docs/model.md 4.2,
 // 4.3, 4.6), so an arm64 build reproduces upstream's Apple-silicon CPU path:
 //   F16/BF16: 8 per step into two 4-lane FMA accumulators, horizontal add, scalar tail;
 //   Q8_0: 4 int32 dot lanes per block, even blocks FMA into accumulator A, odd into B;

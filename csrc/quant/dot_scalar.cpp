@@ -1,4 +1,4 @@
-// Scalar reference row-dot kernels: the orders of MODEL.md 4.2/4.3/4.6 (upstream's non-NEON
+// Scalar reference row-dot kernels: the orders of docs/model.md 4.2/4.3/4.6 (upstream's non-NEON
 // build), written out literally. Every integer sum is exact; the float combination is sequential.
 #include "quant/dot_kernels.h"
 #include "quant/formats.h"

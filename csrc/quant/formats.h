@@ -1,4 +1,4 @@
-// Byte layouts of the weight block formats (MODEL.md 4.1) and the scalar half/bfloat16 conversions.
+// Byte layouts of the weight block formats (docs/model.md 4.1) and the scalar half/bfloat16 conversions.
 // Internal to csrc/quant. Multi-byte fields are read with load_*() (memcpy) because weight rows and
 // activation buffers may start at any byte offset. The helpers are `static` so that per-ISA files
 // (compiled with AVX-512 etc.) never provide the out-of-line copy the portable code links to.
@@ -56,7 +56,7 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
-// Q4_K packs eight 6-bit (scale, min) pairs into 12 bytes (MODEL.md 4.1).
+// Q4_K packs eight 6-bit (scale, min) pairs into 12 bytes (docs/model.md 4.1).
 static inline void q4k_scale_min(const uint8_t* s, int k, uint8_t* sc, uint8_t* m) {
     if (k < 4) {
         *sc = s[k] & 63;

@@ -1,4 +1,4 @@
-// Activation quantisation (MODEL.md 4.1 Q8_K, 4.2 Q8_0-act), with upstream's float order:
+// Activation quantisation (docs/model.md 4.1 Q8_K, 4.2 Q8_0-act), with upstream's float order:
 // the scale and its reciprocal are plain float32 operations and rounding is lrintf (ties to even
 // under the default rounding mode). Values beyond the int8 range saturate (this only happens when
 // a subnormal block makes the reciprocal scale overflow to inf, where upstream's (int)lrintf(inf)

@@ -1,4 +1,4 @@
-// The DSV4 session payload (RUNTIME.md §6.1): 13 u32 header fields, checkpoint tokens, logits,
+// The DSV4 session payload (docs/runtime.md §6.1): 13 u32 header fields, checkpoint tokens, logits,
 // per-layer row counts, then every layer's live raw rows, compressed rows and frontiers.
 #pragma once
 #include <cstddef>
@@ -21,7 +21,7 @@ int64_t payload_bytes(const KvState& kv, int64_t n_tokens);
 void write_payload(backend::Stream& st, const KvState& kv, const std::vector<int32_t>& tokens,
                    const backend::Tensor& logits, std::vector<uint8_t>& out);
 
-// Parses and validates (RUNTIME.md §6.2) into a fresh state for `into` (initialised with the
+// Parses and validates (docs/runtime.md §6.2) into a fresh state for `into` (initialised with the
 // session's shape and ctx). Throws CacheFormat; `into` may be partially written on failure, so
 // callers parse into a copy.
 void read_payload(backend::Stream& st, const uint8_t* data, size_t size, KvState& into,

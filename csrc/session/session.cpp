@@ -5,12 +5,19 @@
 
 #include "common/errors.h"
 #include "engine/forward.h"
+#include "sampling/sampler.h"
 #include "session/payload.h"
 
 namespace ds4 {
 
 namespace {
 constexpr int64_t kKeepBatchScratch = 256;   // tokens of batch scratch kept between calls
+constexpr int64_t kMaxDraftSteps = 16;       // MTP draft chain length (upstream's cap)
+
+// t holds at least rows rows of width floats (grown only).
+void ensure_rows(backend::OwnedTensor& t, backend::Backend& be, int64_t width, int64_t rows) {
+    if (!t || t->rows() < rows) t = backend::OwnedTensor(be, backend::DType::F32, width, rows);
+}
 }  // namespace
 
 Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::move(model)) {
@@ -28,28 +35,176 @@ Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::
     tokens_.reserve((size_t)ctx);   // the decode loop never reallocates the checkpoint
     logits_ = backend::OwnedTensor(be, backend::DType::F32, s.n_vocab, 1);
     last_hc_ = backend::OwnedTensor(be, backend::DType::F32, s.hc_dim(), 1);
+    tap_.n_layer = s.n_layer;
+    tap_.n_embd = s.n_embd;
     if (model_->weights().mtp.present) {
         mtp_kv_.init(be, *stream_, mtp_state_shape(s), ctx);
         mtp_logits_ = backend::OwnedTensor(be, backend::DType::F32, s.n_vocab, 1);
+        mtp_hc_ = backend::OwnedTensor(be, backend::DType::F32, s.hc_dim(), 1);
     }
 }
 
 void Session::reset_mtp() {
     if (!mtp_kv_.layers.empty()) mtp_kv_.reset(*stream_);
     mtp_pos_ = -1;
+    chain_steps_ = 0;
 }
 
-const float* Session::mtp_logits() {
+void Session::mtp_step0() {
     if (!model_->weights().mtp.present) fail(ErrorKind::Unsupported, "this engine has no MTP block loaded");
     materialize();
     if (pos() == 0 || !has_logits_ || !hidden_valid_) {
         fail(ErrorKind::InvalidArgument, "MTP needs a token evaluated in this session (the hidden state is not saved in payloads)");
     }
     if (mtp_pos_ != pos()) {
-        mtp_forward({*model_, *stream_, mtp_act_}, mtp_kv_, *last_hc_, tokens_.back(), pos() - 1, *mtp_logits_);
+        mtp_forward({*model_, *stream_, mtp_act_}, mtp_kv_, *last_hc_, tokens_.back(), pos() - 1, *mtp_logits_,
+                    *mtp_hc_);
         mtp_pos_ = pos();
     }
+}
+
+const float* Session::mtp_logits() {
+    discard_pending();
+    mtp_step0();
     return backend::host_floats(*stream_, *mtp_logits_, mtp_mirror_);
+}
+
+void Session::discard_pending() {
+    if (pending_ == 0) return;
+    verify_log_.rollback(*stream_, kv_, 0);
+    pending_ = 0;
+}
+
+void Session::discard_chain() {
+    if (chain_steps_ == 0) return;
+    chain_log_.rollback(*stream_, mtp_kv_, 0);
+    chain_steps_ = 0;
+}
+
+int64_t Session::max_verify() const {
+    return std::max<int64_t>(0, std::min(kv_.raw_cap, ctx() - 1 - pos()));
+}
+
+void Session::verify(const int32_t* t, int64_t n) {
+    discard_pending();
+    check_tokens(t, n);
+    materialize();
+    if (n < 1 || n > max_verify()) {
+        fail(ErrorKind::ContextOverflow, "cannot verify " + std::to_string(n) + " tokens at position " +
+                                             std::to_string(pos()) + ": at most " + std::to_string(max_verify()) +
+                                             " fit (raw window, one context slot stays free)");
+    }
+    const Shape& s = model_->shape();
+    backend::Backend& be = model_->backend();
+    ensure_rows(verify_logits_, be, s.n_vocab, n);
+    ensure_rows(verify_hc_, be, s.hc_dim(), n);
+    try {
+        // Steering edits verified tokens as it edits decoded ones; the tap records only committed
+        // work (eval/sync), not tokens that may be rolled back.
+        const LayerHooks hooks{steering_.get(), nullptr};
+        forward_verify(context(), kv_, t, n, pos(), verify_logits_->rows(0, n), verify_hc_->rows(0, n), verify_log_,
+                       &hooks);
+    } catch (...) {
+        stale_ = true;   // rows of a partial batch: rebuild from the checkpoint on next use
+        has_logits_ = false;
+        throw;
+    }
+    verify_tokens_.assign(t, t + n);
+    pending_ = n;
+}
+
+const float* Session::verify_logits(int64_t i) {
+    if (i < 0 || i >= pending_) {
+        fail(ErrorKind::InvalidArgument, "verified row " + std::to_string(i) + " is outside [0, " +
+                                             std::to_string(pending_) + ")");
+    }
+    return backend::host_floats(*stream_, verify_logits_->row(i), verify_mirror_);
+}
+
+void Session::accept(int64_t c) {
+    if (c < 0 || c > pending_) {
+        fail(ErrorKind::InvalidArgument, "accept " + std::to_string(c) + " of " + std::to_string(pending_) +
+                                             " verified tokens");
+    }
+    verify_log_.rollback(*stream_, kv_, c);
+    pending_ = 0;
+    if (c == 0) {
+        discard_chain();
+        return;
+    }
+    tokens_.insert(tokens_.end(), verify_tokens_.begin(), verify_tokens_.begin() + c);
+    stream_->begin();
+    stream_->copy({verify_logits_->row(c - 1), *logits_});
+    stream_->copy({verify_hc_->row(c - 1), *last_hc_});
+    stream_->end();
+    has_logits_ = true;
+    hidden_valid_ = true;
+    // The chain's steps fed tokens pos0.., so the first c-1 of them saw committed tokens; the
+    // next step 0 (from the last committed token's own hidden state) writes position pos()-1.
+    if (chain_steps_ > 0) {
+        chain_log_.rollback(*stream_, mtp_kv_, std::min(chain_steps_, c - 1));
+        chain_steps_ = 0;
+    }
+    mtp_pos_ = -1;
+}
+
+int64_t Session::speculate_greedy(int32_t first, const int32_t* drafts, int64_t n_drafts) {
+    check_tokens(&first, 1);
+    discard_pending();
+    materialize();
+    const int64_t k = std::min(n_drafts, max_verify() - 1);
+    if (k <= 0) {
+        eval(first);
+        return 1;
+    }
+    std::vector<int32_t> seq;
+    seq.reserve((size_t)(k + 1));
+    seq.push_back(first);
+    seq.insert(seq.end(), drafts, drafts + k);
+    verify(seq.data(), k + 1);
+    const int64_t V = model_->shape().n_vocab;
+    int64_t c = 1;
+    while (c <= k && argmax_logits(verify_logits(c - 1), V) == drafts[c - 1]) ++c;
+    accept(c);
+    return c;
+}
+
+const float* Session::mtp_draft_step(int32_t token) {
+    check_tokens(&token, 1);
+    discard_pending();
+    if (chain_steps_ == 0) {
+        mtp_step0();
+        backend::Backend& be = model_->backend();
+        const Shape& s = model_->shape();
+        chain_log_.capture(be, *stream_, mtp_kv_, pos(), std::min(kMaxDraftSteps, mtp_kv_.raw_cap));
+        ensure_rows(chain_hc_, be, s.hc_dim(), 1);
+        ensure_rows(chain_hc_next_, be, s.hc_dim(), 1);
+        ensure_rows(chain_logits_, be, s.n_vocab, 1);
+        stream_->copy({*mtp_hc_, *chain_hc_});
+    }
+    if (chain_steps_ >= chain_log_.size()) {
+        fail(ErrorKind::InvalidArgument, "the MTP draft chain holds at most " + std::to_string(chain_log_.size()) +
+                                             " steps per commit");
+    }
+    mtp_forward({*model_, *stream_, mtp_act_}, mtp_kv_, *chain_hc_, token, pos() + chain_steps_, *chain_logits_,
+                *chain_hc_next_);
+    std::swap(chain_hc_, chain_hc_next_);
+    ++chain_steps_;
+    return backend::host_floats(*stream_, *chain_logits_, chain_mirror_);
+}
+
+std::vector<int32_t> Session::mtp_drafts(int32_t first, int64_t n, int32_t stop_token) {
+    discard_pending();
+    discard_chain();
+    std::vector<int32_t> out;
+    int32_t tok = first;
+    for (int64_t i = 0; i < std::min(n, kMaxDraftSteps); ++i) {
+        const int32_t d = argmax_logits(mtp_draft_step(tok), model_->shape().n_vocab);
+        out.push_back(d);
+        if (d == stop_token) break;
+        tok = d;
+    }
+    return out;
 }
 
 const float* Session::last_hidden() { return backend::host_floats(*stream_, *last_hc_, hc_mirror_); }
@@ -73,12 +228,13 @@ void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool 
         stale_ = false;
     }
     const int64_t chunk = model_->chunk_for(n);
+    const LayerHooks hooks{steering_.get(), &tap_};
     int64_t done = 0;
     while (done < n) {
         const int64_t m = std::min(chunk, n - done);
         const int64_t pos0 = pos();
         try {
-            forward_batch(context(), kv_, t + done, m, pos0, *logits_, *last_hc_);
+            forward_batch(context(), kv_, t + done, m, pos0, *logits_, *last_hc_, &hooks);
         } catch (...) {
             // A failure inside a chunk leaves rows of a partial chunk behind: rebuild from the
             // consistent checkpoint on next use.
@@ -117,11 +273,13 @@ void Session::materialize() {
 }
 
 const float* Session::logits() {
+    discard_pending();
     materialize();
     return backend::host_floats(*stream_, *logits_, logits_mirror_);
 }
 
 int32_t Session::argmax() {
+    discard_pending();
     materialize();
     if (!has_logits_) fail(ErrorKind::InvalidArgument, "the session has no logits yet: evaluate a token first");
     int32_t best = 0;
@@ -135,6 +293,8 @@ void Session::eval(int32_t token) {
         fail(ErrorKind::ContextOverflow, "context is full: " + std::to_string(pos()) + " tokens in a ctx of " +
                                              std::to_string(ctx()) + " (one slot stays free)");
     }
+    discard_pending();
+    discard_chain();
     materialize();
     extend(&token, 1, nullptr, false, false);
 }
@@ -154,6 +314,8 @@ void Session::sync(const std::vector<int32_t>& prompt, const ChunkCallback& cb) 
                                              std::to_string(ctx()) + " (at most ctx-1 tokens)");
     }
     check_tokens(prompt.data(), n);
+    discard_pending();
+    discard_chain();
     const int64_t common = common_prefix(prompt);
     // An empty timeline has no valid checkpoint to extend (upstream): a full prefill, whose
     // finishing frontier reset keeps saved payloads byte-comparable.
@@ -169,6 +331,8 @@ void Session::rewind(int64_t p) {
         fail(ErrorKind::InvalidArgument, "rewind position " + std::to_string(p) + " is outside [0, " +
                                              std::to_string(pos()) + "]");
     }
+    discard_pending();
+    discard_chain();
     if (p == pos()) return;
     tokens_.resize((size_t)p);
     reset_mtp();
@@ -176,7 +340,26 @@ void Session::rewind(int64_t p) {
     has_logits_ = false;
 }
 
+void Session::set_steering(std::shared_ptr<const Steering> steering) {
+    if (steering) {
+        const Shape& s = model_->shape();
+        if (steering->n_layer != s.n_layer || steering->n_embd != s.n_embd) {
+            fail(ErrorKind::InvalidArgument, "steering directions are " + std::to_string(steering->n_layer) + " x " +
+                                                 std::to_string(steering->n_embd) + ", the model needs " +
+                                                 std::to_string(s.n_layer) + " x " + std::to_string(s.n_embd));
+        }
+    }
+    if (!steering && !steering_) return;
+    steering_ = std::move(steering);
+    if (pos() > 0) {
+        reset_mtp();
+        stale_ = true;
+        has_logits_ = false;
+    }
+}
+
 void Session::reset() {
+    pending_ = 0;   // the whole state is cleared: nothing to roll back
     reset_mtp();
     kv_.reset(*stream_);
     tokens_.clear();
@@ -186,6 +369,7 @@ void Session::reset() {
 }
 
 std::vector<uint8_t> Session::save_payload() {
+    discard_pending();
     materialize();
     std::vector<uint8_t> out;
     write_payload(*stream_, kv_, tokens_, *logits_, out);
@@ -193,6 +377,7 @@ std::vector<uint8_t> Session::save_payload() {
 }
 
 int64_t Session::payload_size() {
+    discard_pending();
     materialize();
     return payload_bytes(kv_, pos());
 }
@@ -204,6 +389,7 @@ void Session::load_payload(const uint8_t* data, size_t size) {
     std::vector<int32_t> toks;
     std::vector<float> logits;
     read_payload(*stream_, data, size, fresh, toks, logits);
+    pending_ = 0;   // the state is replaced wholesale
     kv_ = std::move(fresh);
     reset_mtp();
     hidden_valid_ = false;

@@ -1,4 +1,4 @@
-// One inference timeline (RUNTIME.md §4): the checkpoint tokens whose KV state is live, that
+// One inference timeline (docs/runtime.md §4): the checkpoint tokens whose KV state is live, that
 // state, and the logits for the next token. Not thread-safe; one caller at a time.
 #pragma once
 #include <cstdint>
@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "engine/forward.h"
+#include "engine/layer_hooks.h"
 #include "engine/model.h"
 #include "backend/backend.h"
 #include "engine/activations.h"
+#include "state/kv_rollback.h"
 #include "state/kv_state.h"
 
 namespace ds4 {
@@ -58,15 +60,51 @@ public:
     // Final HC state of the last evaluated token (hc_dim floats; MTP input).
     const float* last_hidden();
 
+    // Directional steering for every later evaluation (null: off). The live state was computed
+    // under the previous setting, so a non-empty timeline is rebuilt on next use.
+    void set_steering(std::shared_ptr<const Steering> steering);
+    const std::shared_ptr<const Steering>& steering() const { return steering_; }
+    // The activation tap: set points (hook_bit mask, 0 = off) and read/clear what it recorded.
+    ActivationTap& tap() { return tap_; }
+    // ---- speculative decoding (docs/speculative.md) ---------------------------------------------
+    // Evaluates tokens[0..n) at pos() in one batched pass and keeps every position's logits; the
+    // timeline grows only on accept(). n is at most max_verify(). Any other call discards a
+    // pending verification (as accept(0)).
+    void verify(const int32_t* t, int64_t n);
+    int64_t max_verify() const;                   // min(raw window, room left before ctx-1)
+    int64_t verified() const { return pending_; }  // tokens of the pending verification
+    const float* verify_logits(int64_t i);        // logits after t[0..i] (n_vocab floats)
+    // Commits the first c verified tokens (0 <= c <= n): the state, logits and hidden state are
+    // exactly those eval() of the same tokens leaves; the rest is rolled back, and so are the MTP
+    // draft rows past the accepted ones.
+    void accept(int64_t c);
+    // Greedy speculation: verifies [first, drafts...] and commits first plus the longest prefix
+    // of the drafts that greedy decode picks (upstream's argmax). Returns the tokens committed
+    // (>= 1). Drafts beyond max_verify() are dropped; with none left it is eval(first).
+    int64_t speculate_greedy(int32_t first, const int32_t* drafts, int64_t n_drafts);
+
+    // MTP draft chain for the tokens after `first` (the token about to be committed): each step
+    // feeds the previous step's HC output and token (MODEL.md's convention, upstream's chain).
+    // mtp_draft_step(token) runs the next step and returns its draft logits; the first call after
+    // a commit starts from the last committed token's hidden state with token = first.
+    const float* mtp_draft_step(int32_t token);
+    // n greedy drafts (argmax of each step), stopping after a draft equal to stop_token (>= 0).
+    std::vector<int32_t> mtp_drafts(int32_t first, int64_t n, int32_t stop_token = -1);
+
 private:
     void check_tokens(const int32_t* t, int64_t n) const;
     void extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild, bool reset_frontier);
     void materialize();
     void reset_mtp();
+    void discard_pending();  // rolls a pending verification back (accept(0))
+    void discard_chain();    // drops the draft chain's rows from the MTP window
+    void mtp_step0();        // the MTP step from the last committed token (cached per position)
 
     ForwardContext context() { return {*model_, *stream_, act_}; }
 
     std::shared_ptr<const Model> model_;
+    std::shared_ptr<const Steering> steering_;
+    ActivationTap tap_;
     std::unique_ptr<backend::Stream> stream_;
     KvState kv_;
     Activations act_;
@@ -78,6 +116,18 @@ private:
     backend::OwnedTensor mtp_logits_;
     std::vector<float> logits_mirror_, hc_mirror_, mtp_mirror_;   // device-only backends
     int64_t mtp_pos_ = -1;          // position whose draft mtp_logits_ holds
+    backend::OwnedTensor mtp_hc_;   // HC output of that step (the draft chain's first input)
+    // Pending verification: its rollback record, per-position logits and HC states (raw_cap rows).
+    KvRollback verify_log_;
+    backend::OwnedTensor verify_logits_, verify_hc_;
+    std::vector<float> verify_mirror_;
+    std::vector<int32_t> verify_tokens_;
+    int64_t pending_ = 0;
+    // Draft chain since the last commit: rows it added to the MTP window, and the HC to continue from.
+    KvRollback chain_log_;
+    backend::OwnedTensor chain_hc_, chain_hc_next_, chain_logits_;
+    std::vector<float> chain_mirror_;
+    int64_t chain_steps_ = 0;
     bool hidden_valid_ = false;     // last_hc_ belongs to the last token (not after a payload load)
     bool has_logits_ = false;
     bool stale_ = false;     // tokens_ is behind the state (after rewind): rebuild before use

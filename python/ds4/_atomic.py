@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import secrets
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import BinaryIO, Iterable, Iterator
 
-__all__ = ["temp_path", "write_atomic"]
+__all__ = ["temp_path", "write_atomic", "atomic_stream"]
 
 
 def temp_path(path: Path) -> Path:
@@ -40,14 +41,24 @@ def write_atomic(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> 
 
     ``fsync=False`` skips both fsyncs (tests, throwaway data): the rename stays atomic for readers.
     """
+    written = 0
+    with atomic_stream(path, fsync=fsync) as fp:
+        for chunk in chunks:
+            fp.write(chunk)
+            written += len(chunk)
+    return written
+
+
+@contextmanager
+def atomic_stream(path: Path, *, fsync: bool = True) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` incrementally (data too large to hold in memory): it is the
+    unique temp file, renamed over ``path`` (after flush + fsync) only when the block ends without
+    an exception; on any error or interrupt the temp file is removed and ``path`` is untouched."""
     path = Path(path)
     tmp = temp_path(path)
-    written = 0
     try:
         with open(tmp, "xb") as fp:
-            for chunk in chunks:
-                fp.write(chunk)
-                written += len(chunk)
+            yield fp
             fp.flush()
             if fsync:
                 os.fsync(fp.fileno())
@@ -60,4 +71,3 @@ def write_atomic(path: Path, chunks: Iterable[bytes], *, fsync: bool = True) -> 
         raise
     if fsync:
         _fsync_dir(path.parent)
-    return written

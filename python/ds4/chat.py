@@ -1,4 +1,4 @@
-"""DeepSeek V4 chat, byte-for-byte as upstream (RUNTIME.md §2, §8): the prompt template
+"""DeepSeek V4 chat, byte-for-byte as upstream (docs/runtime.md §2, §8): the prompt template
 (:mod:`ds4.chat_template`: ``render``, ``render_completion``, the engine-level token rendering) and
 the DSML tool-call parser of model output (:mod:`ds4.dsml`). This module re-exports both."""
 

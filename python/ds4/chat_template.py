@@ -1,4 +1,4 @@
-"""DeepSeek V4 chat rendering (the prompt template), byte-for-byte as upstream (RUNTIME.md §2).
+"""DeepSeek V4 chat rendering (the prompt template), byte-for-byte as upstream (docs/runtime.md §2).
 
 Two renderers, as upstream has:
 
@@ -154,7 +154,7 @@ def think_mode_for_context(think: str | bool | None, ctx: int | None) -> str:
 
 def content_text(value: Any) -> str:
     """A message's text from its ``content`` as clients send it: a string, None, or a list of
-    strings / ``{"text": ...}`` parts (concatenated; other parts ignored) (RUNTIME.md §9.3)."""
+    strings / ``{"text": ...}`` parts (concatenated; other parts ignored) (docs/runtime.md §9.3)."""
     if value is None:
         return ""
     if isinstance(value, str):

@@ -3,7 +3,7 @@ how the next token is chosen and how the growing output is watched.
 
 * :class:`TokenPicker`: forced tokens first (text the caller writes for the model, e.g. a forced
   tool-call opening), greedy when sampling is off or the DSML recognizer says the next token is
-  protocol syntax (RUNTIME.md §8.3), else the sampler; optionally OpenAI's ``logit_bias`` and
+  protocol syntax (docs/runtime.md §8.3), else the sampler; optionally OpenAI's ``logit_bias`` and
   presence / frequency penalties (never on DSML syntax), and the chosen token's logprob and the
   top alternatives;
 * :class:`StopMatcher`: stop strings over ``str`` or ``bytes``, holding back only what could still

@@ -1,4 +1,4 @@
-"""DSML tool calls in model output: the final parser (reasoning / content / calls, RUNTIME.md §8.2)
+"""DSML tool calls in model output: the final parser (reasoning / content / calls, docs/runtime.md §8.2)
 and the streaming recognizer that drives the greedy rule while a block is being generated (§8.3).
 
 The other direction (rendering calls and schemas into a prompt) is :mod:`ds4.chat_template`.
@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 
-# ---- DSML tool-call parsing (model output, RUNTIME.md §8.2) ----------------------------------------
+# ---- DSML tool-call parsing (model output, docs/runtime.md §8.2) ----------------------------------------
 
 TOOL_SYNTAXES = (
     # the tags of a tool block (block open/close, invoke open/close, parameter open/close) in the
@@ -269,7 +269,7 @@ def parse_generated(text: str, thinking: bool) -> ParsedMessage:
     return ParsedMessage(content, reasoning, tuple(calls), text[start:end])
 
 
-# ---- streaming DSML recognizer (drives the greedy rule, RUNTIME.md §8.3) ---------------------------
+# ---- streaming DSML recognizer (drives the greedy rule, docs/runtime.md §8.3) ---------------------------
 
 _SYNTAXES = TOOL_SYNTAXES
 _MAX_START = max(len(s[0]) for s in _SYNTAXES)

@@ -15,16 +15,20 @@ C++ core: weights are used in place, never copied. An engine is immutable and ca
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
+from ._args import MAX_CTX, MAX_THREADS, check_int
 from .errors import InvalidArgumentError, ModelFormatError
 from .shape import ModelShape
 
 if TYPE_CHECKING:  # pragma: no cover
     from .inspection import ModelInfo
+    from .payload import PayloadInfo
     from .session import Session
+    from .steering import Steering
     from .tokenizer import Tokenizer
 
 __all__ = ["Engine"]
@@ -66,7 +70,8 @@ class Engine:
 
     ``mtp_path`` names a separate GGUF with the ``mtp.0.*`` block (MTP tensors inside the main file
     are used automatically). ``prefill_chunk`` caps tokens per prefill chunk (default: 4096 when a
-    prompt is longer than that); chunking never changes results.
+    prompt is longer than that); chunking never changes results. ``steering`` (a
+    :class:`ds4.steering.Steering`) is the directional steering of the sessions this engine creates.
 
     ``layers=(l0, l1)`` opens one pipeline stage: only the tensors of layers ``l0 <= il < l1`` are
     bound (plus the embedding on the first stage, the output head and MTP block on the last), so
@@ -76,30 +81,31 @@ class Engine:
 
     def __init__(self, path: str | os.PathLike[str], backend: str = "auto", threads: int | None = None,
                  mtp_path: str | os.PathLike[str] | None = None, prefill_chunk: int | None = None,
-                 layers: tuple[int, int] | None = None) -> None:
+                 layers: tuple[int, int] | None = None, steering: "Steering | None" = None) -> None:
         from . import _core
         from .backends import resolve_backend
         from .inspection import inspect
 
         backend = resolve_backend(str(backend))
-        if threads is not None and int(threads) < 1:
-            raise InvalidArgumentError(f"threads must be at least 1, got {threads}")
-        if prefill_chunk is not None and int(prefill_chunk) < 1:
-            raise InvalidArgumentError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        if threads is not None:
+            threads = check_int(threads, "threads", 1, MAX_THREADS)
+        if prefill_chunk is not None:
+            prefill_chunk = check_int(prefill_chunk, "prefill_chunk", 1, MAX_CTX)
         self.path = Path(path)
         self.info: ModelInfo = inspect(self.path)
         self.info.check_supported()
         assert self.info.shape is not None
         self.shape: ModelShape = self.info.shape
         n_layer = self.shape.n_layer
-        l0, l1 = (0, n_layer) if layers is None else (int(layers[0]), int(layers[1]))
+        l0, l1 = (0, n_layer) if layers is None else (check_int(layers[0], "layers[0]"), check_int(layers[1], "layers[1]"))
         if not 0 <= l0 < l1 <= n_layer:
             raise InvalidArgumentError(f"layers=({l0}, {l1}) is not a non-empty range of the model's {n_layer} layers")
         self.layers: tuple[int, int] = (l0, l1)
         last = l1 == n_layer
-        self._model = _core.Model(str(self.path), _shape_dict(self.shape),
-                                  _tensor_table(self.info, stage=(l0, l1, n_layer)),
-                                  int(threads or 0), int(prefill_chunk or 0), l0, l1, backend)
+        with _naming(self.path):
+            self._model = _core.Model(str(self.path), _shape_dict(self.shape),
+                                      _tensor_table(self.info, stage=(l0, l1, n_layer)),
+                                      int(threads or 0), int(prefill_chunk or 0), l0, l1, backend)
         self.mtp_path: Path | None = None
         if not last:
             pass  # the MTP block runs after the output head, on the last stage
@@ -108,11 +114,15 @@ class Engine:
             tensors = [t for t in _raw_tensor_table(Path(mtp_path)) if t[0].startswith(_MTP_PREFIX)]
             if not tensors:
                 raise ModelFormatError(f"{mtp_path}: no {_MTP_PREFIX}* tensors found")
-            self._model.load_mtp(str(mtp_path), tensors)
+            with _naming(Path(mtp_path)):
+                self._model.load_mtp(str(mtp_path), tensors)
             self.mtp_path = Path(mtp_path)
         elif self.info.has_mtp:
-            self._model.load_mtp("", _tensor_table(self.info, _MTP_PREFIX))
+            with _naming(self.path):
+                self._model.load_mtp("", _tensor_table(self.info, _MTP_PREFIX))
         self._tokenizer: Tokenizer | None = None
+        self._steering: Steering | None = None
+        self.steering = steering
 
     # ---- properties -------------------------------------------------------------------------
     @property
@@ -151,14 +161,33 @@ class Engine:
             self._tokenizer = Tokenizer.from_gguf(self.path)
         return self._tokenizer
 
+    @property
+    def steering(self) -> "Steering | None":
+        """Directional steering given to sessions created from now on (None: off).
+
+        Setting it checks the directions against the model (SteeringFileError naming the file
+        and the expected size); sessions that already exist keep their own setting.
+        """
+        return self._steering
+
+    @steering.setter
+    def steering(self, value: "Steering | None") -> None:
+        if value is not None:
+            value = value.for_shape(self.shape)
+            value._native(self.shape)  # build (and validate) the shared native copy once
+        self._steering = value
+
     # ---- sessions ---------------------------------------------------------------------------
     def session(self, ctx: int = 32768) -> "Session":
-        """A new, empty inference timeline with room for ``ctx`` tokens."""
+        """A new, empty inference timeline with room for ``ctx`` tokens (with the engine's steering)."""
         from .session import Session
         if self.is_stage:
             raise InvalidArgumentError(f"this engine runs only layers {self.layers} of {self.shape.n_layer}: "
                                        "chain it with the other stages (ds4.stages.Pipeline)")
-        return Session(self, ctx)
+        s = Session(self, ctx)
+        if self._steering is not None:
+            s.steering = self._steering
+        return s
 
     def _core_session(self, ctx: int) -> Any:
         """The compiled timeline behind a :class:`~ds4.session.Session` (a pipeline supplies its own)."""
@@ -168,18 +197,54 @@ class Engine:
     def load_session(self, path: str | os.PathLike[str], ctx: int | None = None) -> "Session":
         """A session restored from a payload file written by :meth:`Session.save`.
 
-        ``ctx`` defaults to the context stored in the payload header.
+        ``ctx`` defaults to the context stored in the payload header. The payload is validated
+        against this model (layout, sizes, row counts) before any session memory is allocated;
+        every error names the file.
         """
+        from .errors import CacheFormatError, Ds4Error, Ds4IOError
+        from .payload import default_prefill_cap
         from .session import Session
-        data = Path(path).read_bytes()
-        if ctx is None:
-            if len(data) < 12:
-                from .errors import CacheFormatError
-                raise CacheFormatError(f"{path}: truncated session payload")
-            ctx = int.from_bytes(data[8:12], "little")
-        s = Session(self, int(ctx))
-        s.load_payload(data)
+        p = Path(path)
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise Ds4IOError(f"{p}: cannot read session file: {e.strerror or e}") from e
+        try:
+            info = self.check_payload(data)
+        except CacheFormatError as e:
+            raise CacheFormatError(f"{p}: {e}") from None
+        h = info.header
+        # The header's ctx sizes the session allocated below: it must agree with the fields the
+        # writer derived from it (an edited ctx alone once allocated a 2**31-token session).
+        derived = {"prefill chunk tag": (h.prefill_cap, default_prefill_cap(h.ctx)),
+                   "compressed row cap": (h.comp_cap, h.ctx // 4 + 2),
+                   "raw ring cap": (h.raw_cap, max(1, min(self.shape.n_swa, h.ctx)))}
+        for name, (found, want) in derived.items():
+            if found != want:
+                raise CacheFormatError(f"{p}: session payload header is inconsistent: ctx {h.ctx} implies "
+                                       f"{name} {want}, the header has {found}")
+        ctx = h.ctx if ctx is None else check_int(ctx, "ctx", 2, MAX_CTX)
+        if not 2 <= ctx <= MAX_CTX:
+            raise CacheFormatError(f"{p}: session payload header has ctx {ctx}, outside 2..{MAX_CTX}")
+        try:
+            s = Session(self, ctx)
+            steering = getattr(self, "_steering", None)   # pipelines borrow this method and have none
+            if steering is not None:
+                s.steering = steering
+            s.load_payload(data)
+        except Ds4Error as e:
+            raise type(e)(f"{p}: {e}") from None
         return s
+
+    def check_payload(self, data: bytes | bytearray | memoryview) -> "PayloadInfo":
+        """Validate a DSV4 session payload against this model without touching any session:
+        header, layout (layers, dims, vocab), raw-ring and row-count invariants, exact size.
+        Raises :class:`~ds4.errors.CacheFormatError` saying which field is wrong."""
+        from .payload import read_payload_info
+        s = self.shape
+        # an empty session's payload (no tokens) is valid here: the core restores it as empty
+        return read_payload_info(data, s.compress_ratios, head_dim=s.head_dim,
+                                 indexer_head_dim=s.indexer_head_dim, n_vocab=s.n_vocab, allow_empty=True)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """Text generation; see :func:`ds4.generation.generate` (``kv_cache=`` a
@@ -190,6 +255,18 @@ class Engine:
     def __repr__(self) -> str:
         stage = f", layers={self.layers}" if self.is_stage else ""
         return f"Engine({str(self.path)!r}, variant={self.info.variant!r}, threads={self.threads}{stage})"
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Core errors about a file name it: the same ds4 error class, prefixed with the path."""
+    from .errors import Ds4Error
+    try:
+        yield
+    except Ds4Error as e:
+        if str(path) in str(e):
+            raise
+        raise type(e)(f"{path}: {e}") from None
 
 
 def _raw_tensor_table(path: Path) -> list[tuple[str, int, list[int], int, int]]:

@@ -20,7 +20,11 @@ __all__ = [
     "TokenizerError",
     "CancelledError",
     "Ds4IOError",
+    "SessionBusyError",
+    "Ds4MemoryError",
     "PipelineError",
+    "SteeringFileError",
+    "LogitsFileError",
 ]
 
 
@@ -56,14 +60,33 @@ class TokenizerError(Ds4Error, ValueError):
 
 
 class CancelledError(Ds4Error):
-    """A long call (prefill) was cancelled between chunks; the session is left consistent."""
+    """A long call (prefill) was cancelled (between layers or chunks); the session keeps the chunks that
+    finished and is consistent."""
 
 
 class Ds4IOError(Ds4Error, OSError):
     """The operating system refused a read, write or memory map."""
 
 
+class SessionBusyError(Ds4Error, RuntimeError):
+    """A session was entered while another call was inside it (another thread, or a mutating call
+    from its own progress callback). Sessions serve one call at a time: use one per thread."""
+
+
+class Ds4MemoryError(Ds4Error, MemoryError):
+    """The core could not allocate what a call needs (a context or batch too large for the machine)."""
+
+
 class PipelineError(Ds4Error):
     """A pipeline stage on another process or machine died, did not answer in time, or could not be
     placed (or Ray, which runs the stages, is not installed). The message names the stage; resume
     the conversation on a new pipeline from a saved payload or the disk KV cache."""
+
+
+class SteeringFileError(InvalidArgumentError):
+    """A directional-steering file of the wrong size for the model, or holding non-finite values."""
+
+
+class LogitsFileError(Ds4Error, ValueError):
+    """A saved-logits file (``ds4 perplexity --save-logits``) is corrupt, truncated or does not match
+    the run it is compared with (vocabulary, window, tokens)."""

@@ -18,7 +18,7 @@ payloads keep the caller's sampling, and a complete tool block after ``</think>`
 with ``"tool_calls"``. Upstream's other server override (thinking forces T=1, top_p=1, min_p=0.05)
 is left to the caller.
 
-Semantics follow upstream (RUNTIME.md §3.7, §9.5, §10.1): EOS is never evaluated nor emitted; stop
+Semantics follow upstream (docs/runtime.md §3.7, §9.5, §10.1): EOS is never evaluated nor emitted; stop
 strings are matched on the generated text of the current channel and are not emitted; the sampled
 token is only evaluated when another token is needed, so a finished session holds the prompt plus
 every emitted token but the last (the next ``sync`` evaluates it when the conversation continues).
@@ -26,7 +26,7 @@ every emitted token but the last (the next ``sync`` evaluates it when the conver
 With ``kv_cache`` (a :class:`ds4.kvcache.KVCache`), the prompt is looked up by its rendered text
 (:func:`prompt_text`): the session is restored from the file holding the longest cached prefix and
 only the text after it is tokenized and evaluated; the cache's save policy runs as upstream's
-server does (RUNTIME.md §7.3-7.4): an ``evict`` store before an unrelated prompt replaces a live
+server does (docs/runtime.md §7.3-7.4): an ``evict`` store before an unrelated prompt replaces a live
 session, a ``cold`` store after a first prompt with no hit, ``continued`` stores at aligned frontiers
 during prefill and before decode steps. The ``shutdown`` store is the caller's
 (``kv_cache.shutdown(session, engine)`` on a clean exit; pass ``session=`` to keep the session).
@@ -66,17 +66,21 @@ from .chat import (
     think_enabled,
     think_mode_for_context,
 )
+from ._args import check_int
 from .decoding import StopMatcher, TokenPicker, ToolBlockWatch
-from .errors import ContextOverflowError, InvalidArgumentError
+from .errors import ContextOverflowError, InvalidArgumentError, UnsupportedModelError
 from .sampling import (
+    check_sampling_args,
     DEFAULT_MIN_P,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
     Rng,
+    SamplingParams,
     TokenLogprob,
     time_seed,
 )
+from .speculative import Speculator
 
 __all__ = [
     "DEFAULT_CTX",
@@ -102,6 +106,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    drafted_tokens: int = 0    # speculative decoding: tokens drafted, and how many were accepted
+    accepted_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -207,7 +213,7 @@ def prompt_text(
 ) -> str:
     """The rendered text of a ``prompt`` / ``messages`` prompt: the bytes of the tokens
     :func:`build_prompt` returns for the same arguments, without tokenizing anything (the disk KV
-    cache looks prompts up by this text, RUNTIME.md §7.2)."""
+    cache looks prompts up by this text, docs/runtime.md §7.2)."""
     if (prompt is None) == (messages is None):
         raise InvalidArgumentError("give exactly one of prompt= or messages=")
     if messages is not None:
@@ -289,6 +295,7 @@ def generate(
     dsml: bool | None = None,
     stream: bool = True,
     kv_cache=None,
+    speculative: int = 0,
 ) -> Iterator[GenerationEvent] | FinishEvent:
     """Generate from ``engine``. Returns an iterator of events (``stream=True``) or the FinishEvent.
 
@@ -301,11 +308,26 @@ def generate(
     store checkpoints in (see the module docstring); ``usage.cached_tokens`` and
     ``FinishEvent.cache_source`` say what was reused. The cache lookup (and a disk load) happens
     when ``generate`` is called, like the prompt checks.
+    ``speculative=N``: draft up to N tokens per step with the MTP block and verify them in one
+    batched pass (docs/speculative.md); greedy output is unchanged token for token, sampled output
+    keeps its distribution. ``usage.drafted_tokens`` / ``accepted_tokens`` count the drafts. It
+    steps aside (plain decoding) while logprobs, tool-call rules or continued KV checkpoints are on.
     """
-    if max_tokens is not None and max_tokens < 0:
-        raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+    if speculative and int(speculative) < 0:
+        raise InvalidArgumentError(f"speculative must be >= 0, got {speculative}")
+    if speculative and not engine.has_mtp:
+        raise UnsupportedModelError("speculative decoding drafts with the MTP block: this engine has none "
+                                    "(load it with mtp_path=... or use a GGUF that embeds it)")
+    if max_tokens is not None:
+        max_tokens = check_int(max_tokens, "max_tokens", 0)
+    check_sampling_args(temperature, top_k, top_p, min_p)
+    if seed is not None:
+        seed = check_int(seed, "seed", 0, 2**64 - 1)
     if session is None:
         session = engine.session(ctx=ctx if ctx is not None else DEFAULT_CTX)
+    if kv_cache is not None and getattr(session, "steering", None) is not None:
+        # Cache files do not record steering: a steered state could later be restored as a plain one.
+        raise InvalidArgumentError("a disk KV cache cannot be used with directional steering")
     mode = think_mode_for_context(think, session.ctx)
     plan = None
     t0 = time.perf_counter()
@@ -326,7 +348,8 @@ def generate(
         )
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     it = _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops,
-              seed, logprobs, progress, bool(tools) if dsml is None else dsml, kv_cache, plan, prepare_seconds)
+              seed, logprobs, progress, bool(tools) if dsml is None else dsml, kv_cache, plan, prepare_seconds,
+              int(speculative or 0))
     if stream:
         return it
     final = None
@@ -337,7 +360,8 @@ def generate(
 
 
 def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
-         logprobs, progress, dsml, kv_cache=None, plan=None, prepare_seconds=0.0) -> Iterator[GenerationEvent]:
+         logprobs, progress, dsml, kv_cache=None, plan=None, prepare_seconds=0.0,
+         speculative=0) -> Iterator[GenerationEvent]:
     # Per-token work here is O(1) in the length of the generation: ``raw`` grows in place (a plain
     # local that nothing else references), stop strings and tool blocks are matched on the new
     # text only, the position is counted locally and the logits array is never copied.
@@ -378,6 +402,16 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     ctx = session.ctx
     pos = session.pos
     continued = kv_cache.continued_target if kv_cache is not None else None
+    # Speculative decoding: a cycle commits the chosen token plus accepted drafts; those drafts
+    # are emitted by the next iterations without another eval (``queued``), and a resampled
+    # rejection becomes the next token (``resampled``). Off where per-token logits or checkpoints
+    # are needed (logprobs, tool-call rules, continued checkpoints).
+    spec = None
+    if speculative > 0 and logprobs is None and tracker is None and continued is None and not picker.adjusts:
+        spec = Speculator(speculative)
+        params = SamplingParams(temperature, top_k, top_p, min_p)
+    queued: list[int] = []
+    resampled: int | None = None
 
     while True:
         if len(out_tokens) >= budget:
@@ -387,7 +421,13 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
         # (partial DSML must not become a saved frontier).
         if continued is not None and continued(pos) and (tracker is None or tracker.mode == "search"):
             kv_cache.maybe_store_continued(session, engine)
-        token = picker.pick(session.logits)
+        if queued:
+            token = queued.pop(0)   # already evaluated by the last speculative cycle
+        elif resampled is not None:
+            token, resampled = resampled, None
+        else:
+            token = picker.pick(session.logits)
+        committed = spec is not None and session.pos > pos   # evaluated ahead by a cycle
         if token == eos:
             finish = "eos"
             break
@@ -426,11 +466,17 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
         if pos >= ctx:
             finish = "context"
             break
-        try:
-            session.eval(token)
-        except ContextOverflowError:
-            finish = "context"
-            break
+        if not committed:
+            try:
+                if spec is None:
+                    session.eval(token)
+                else:
+                    spec.n = min(speculative, budget - len(out_tokens) - 1)
+                    cyc = spec.cycle(session, token, params, picker.rng, stop=eos)
+                    queued, resampled = list(cyc.committed[1:]), cyc.next_token
+            except ContextOverflowError:
+                finish = "context"
+                break
         pos += 1
 
     if finish != "stop":
@@ -450,7 +496,8 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
         reasoning="".join(texts["reasoning"]),
         content="".join(texts["content"]),
         tokens=tuple(out_tokens),
-        usage=Usage(len(prompt_tokens), len(out_tokens), cached),
+        usage=Usage(len(prompt_tokens), len(out_tokens), cached, spec.drafted if spec else 0,
+                    spec.accepted if spec else 0),
         prompt_seconds=t1 - t0,
         decode_seconds=time.perf_counter() - t1,
         stop=matched,

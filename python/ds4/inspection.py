@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import ModelFormatError, UnsupportedModelError
 from .gguf_header import KV, GGMLType, GGUFHeader, GGUFValueType, TensorHeader, read_header, type_name
-from .layout import ROUTED_TYPES, mtp_tensor_specs, shape_problems, tensor_specs
+from .layout import ROUTED_TYPES, mtp_tensor_specs, range_problems, shape_problems, tensor_specs
 from .memory_plan import DEFAULT_CTX, MiB, MemoryPlan, context_estimate, memory_plan
 from .shape import ARCH, FLASH, METADATA_KEYS, PRO, ModelShape
 
@@ -33,7 +33,7 @@ _SPECIAL_TOKENS = {
 }
 _OFFICIAL = {"flash": FLASH, "pro": PRO}
 # Pro's float hyper-parameters other than the expert weight scale are not pinned by our source
-# (MODEL.md §1.2 "?"), so only these are checked exactly for Pro.
+# (docs/model.md §1.2 "?"), so only these are checked exactly for Pro.
 _PRO_CHECKED_FLOATS = ("expert_weights_scale",)
 
 
@@ -303,10 +303,12 @@ def _f32_close(found: float, expected: float) -> bool:
 
 def read_shape(h: GGUFHeader) -> ModelShape:
     """The :class:`ModelShape` a ``deepseek4`` header declares, with every key's GGUF type checked
-    (MODEL.md §1.1: UINT32 exactly for integers, F32/F64/U32/I32 for floats, BOOL, arrays per
+    (docs/model.md §1.1: UINT32 exactly for integers, F32/F64/U32/I32 for floats, BOOL, arrays per
     entry). Raises ModelFormatError listing every problem."""
     pb = _Problems(h.path)
     shape = _read_shape(h, pb)
+    for msg in range_problems(shape):
+        pb.add(f"metadata value out of range: {msg}")
     pb.raise_if_any()
     return shape
 
@@ -548,6 +550,10 @@ def inspect(path: str | os.PathLike[str], ctx: int | None = None, strict: bool =
 
     pb = _Problems(path)
     shape = _read_shape(h, pb)
+    # Ranges first: every later step (the variant check, the tensor inventory) loops over these.
+    for msg in range_problems(shape):
+        pb.add(f"metadata value out of range: {msg}")
+    pb.raise_if_any()
     variant = _variant(shape, pb)
     if strict and variant == "custom":
         pb.add(f"strict mode accepts only DeepSeek V4 Flash or Pro; this is a custom shape "

@@ -1,7 +1,7 @@
 """The disk KV cache: session checkpoints keyed by the rendered text they cover.
 
 A :class:`KVCache` is a directory of ``<sha1>.kv`` files, byte-compatible with upstream ds4's
-``--kv-disk-dir`` (format in :mod:`ds4.kvcache_format`, RUNTIME.md §7). Each file holds a session
+``--kv-disk-dir`` (format in :mod:`ds4.kvcache_format`, docs/runtime.md §7). Each file holds a session
 payload (the exact token history and KV state after those tokens) and is named by the SHA-1 of the
 *cache text* (the concatenated bytes of those tokens). Given a new rendered prompt, the cache finds
 the file whose text is the longest byte prefix of the prompt, restores the session from it and
@@ -31,7 +31,7 @@ Layout: this module holds the reuse and store policy (:class:`KVCache`); the fil
 ``--kv-cache-mb N`` (``max_bytes = N * MiB``; 0 means the 4096 MiB default, as upstream) and the
 ``--kv-cache-*`` knobs; ``ds4.kvcache.from_args(args)`` returns the KVCache or None.
 
-Policy, as upstream's server (RUNTIME.md §7.3-7.6):
+Policy, as upstream's server (docs/runtime.md §7.3-7.6):
 
 * **cold**: a prompt with no cache hit and ``min_tokens <= len <= cold_max_tokens`` is stored at its
   chat anchor (just before the last ``<｜User｜>`` preceding the first ``<｜Assistant｜>``) if that is
@@ -83,6 +83,7 @@ from .kvcache_store import (  # noqa: F401  (re-exported: the storage layer's na
     _CorruptFile,
     _Model,
     eviction_score,
+    probe_file,
     read_cache_file,
     scan_directory,
 )
@@ -131,7 +132,7 @@ class PreparedPrompt:
 
 
 def _token_bytes(tokenizer: Any, tokens: Sequence[int]) -> bytes:
-    """The cache text of ``tokens``: every token's raw bytes concatenated (RUNTIME.md §7.2)."""
+    """The cache text of ``tokens``: every token's raw bytes concatenated (docs/runtime.md §7.2)."""
     decode_bytes = getattr(tokenizer, "decode_bytes", None)
     if decode_bytes is not None:
         return bytes(decode_bytes(tokens))
@@ -151,7 +152,7 @@ def _encode_suffix(tokenizer: Any, suffix: bytes) -> list[int] | None:
 
 
 class KVCache:
-    """A disk KV cache directory with upstream's defaults (RUNTIME.md §7.7).
+    """A disk KV cache directory with upstream's defaults (docs/runtime.md §7.7).
 
     ``max_bytes`` is the space budget (0 means the 4096 MiB default). ``min_tokens``: nothing
     shorter is stored or loaded. ``cold_max_tokens``: longest prompt stored cold (0 disables cold
@@ -578,7 +579,7 @@ class KVCache:
         reuse_live: bool = True,
         full_tokens: Callable[[], Sequence[int]] | None = None,
     ) -> PreparedPrompt:
-        """Decide how to reach ``prompt`` in ``session`` (RUNTIME.md §9.7 steps 7-9).
+        """Decide how to reach ``prompt`` in ``session`` (docs/runtime.md §9.7 steps 7-9).
 
         ``prompt`` is rendered chat text (``str`` or UTF-8 ``bytes``), or a token list.
 

@@ -15,7 +15,7 @@ __all__ = ["add_arguments", "from_args"]
 def add_arguments(parser: Any) -> None:
     """Add the disk-cache flags to an argparse parser (upstream names in parentheses):
     ``--kv-cache-dir`` (``--kv-disk-dir``), ``--kv-cache-mb`` (``--kv-disk-space-mb``) and the
-    ``--kv-cache-*`` policy knobs of RUNTIME.md §7.7."""
+    ``--kv-cache-*`` policy knobs of docs/runtime.md §7.7."""
     g = parser.add_argument_group("disk KV cache")
     g.add_argument("--kv-cache-dir", "--kv-disk-dir", dest="kv_cache_dir", default=None, metavar="DIR",
                    help="reuse prompt prefixes across runs through .kv files in DIR (off by default)")

@@ -1,6 +1,6 @@
 """Byte layout of a disk KV cache file (``<sha1>.kv``), byte-compatible with upstream ds4.
 
-RUNTIME.md §7.1. A file is::
+docs/runtime.md §7.1. A file is::
 
     [48-byte KVC header][u32 text_bytes][cache text][DSV4 session payload][optional KTM trailer]
 
@@ -198,7 +198,10 @@ class KVCHeader:
         return KVC_PREFIX_BYTES + self.text_bytes + self.payload_bytes
 
     def with_use(self, hits: int, last_used: int) -> "KVCHeader":
-        return replace(self, hits=hits, last_used=last_used)
+        """The header after one more use. The u32 hit counter saturates instead of overflowing
+        (a file claiming 2**32-1 hits must still be usable)."""
+        return replace(self, hits=min(max(int(hits), 0), 0xFFFFFFFF),
+                       last_used=min(max(int(last_used), 0), 0xFFFFFFFFFFFFFFFF))
 
 
 def sha1_hex(data: bytes) -> str:

@@ -31,6 +31,7 @@ __all__ = [
     "eviction_score",
     "read_cache_file",
     "scan_directory",
+    "probe_file",
 ]
 
 log = logging.getLogger("ds4.kvcache")
@@ -154,26 +155,36 @@ def scan_directory(
                 _maybe_remove_temp(path, pid, now, stale_seconds)
             continue
         try:
-            with open(path, "rb") as fp:
-                size = os.fstat(fp.fileno()).st_size
-                prefix = fp.read(fmt.KVC_PREFIX_BYTES)
+            found = probe_file(path, sha)
         except FileNotFoundError:
             continue  # removed by another process between listdir and open
         except OSError as e:
             log.warning("kv cache cannot read %s: %s", path, e.strerror)
             continue
-        try:
-            header = fmt.KVCHeader.unpack_prefix(prefix)
-            if size < header.min_file_size:
-                raise CacheFormatError(
-                    f"truncated: {size} bytes, header implies at least {header.min_file_size}"
-                )
-        except CacheFormatError as e:
-            _warn_once(path, size, f"kv cache ignoring invalid file {path}: {e}")
-            invalid.append(InvalidCacheFile(path, size, str(e)))
+        if isinstance(found, InvalidCacheFile):
+            _warn_once(path, found.file_size, f"kv cache ignoring invalid file {path}: {found.error}")
+            invalid.append(found)
             continue
-        entries.append(CacheEntry(sha, path, header, size))
+        entries.append(found)
     return entries, invalid
+
+
+def probe_file(path: Path, sha: str) -> "CacheEntry | InvalidCacheFile":
+    """One file's header and size checks: an entry, or why it is not one. Reads 52 bytes; every
+    length in the header is bounded by the file's real size here, before anything reads the text
+    or payload (docs/robustness.md). OSError (the file vanished, no permission) propagates."""
+    with open(path, "rb") as fp:
+        size = os.fstat(fp.fileno()).st_size
+        prefix = fp.read(fmt.KVC_PREFIX_BYTES)
+    try:
+        header = fmt.KVCHeader.unpack_prefix(prefix)
+        if size < header.min_file_size:
+            raise CacheFormatError(
+                f"truncated: {size} bytes, header implies at least {header.min_file_size}"
+            )
+    except CacheFormatError as e:
+        return InvalidCacheFile(path, size, str(e))
+    return CacheEntry(sha, path, header, size)
 
 
 _warned: set[tuple[str, int, int]] = set()
@@ -210,7 +221,7 @@ def read_cache_file(
     shape: Any = None,
     ctx: int | None = None,
 ) -> CacheFile:
-    """Read ``entry`` in full and verify it (RUNTIME.md §7.5 step 4 plus payload checks).
+    """Read ``entry`` in full and verify it (docs/runtime.md §7.5 step 4 plus payload checks).
 
     Verifies the header again, that the text hashes to the file name, that the text is a byte
     prefix of ``prompt`` (if given), the payload header (magic/version, token count = header

@@ -1,4 +1,4 @@
-"""The DS4 tensor inventory (MODEL.md §2) as data, derived from a :class:`~ds4.shape.ModelShape`.
+"""The DS4 tensor inventory (docs/model.md §2) as data, derived from a :class:`~ds4.shape.ModelShape`.
 
 One list of :class:`TensorSpec` serves both the synthetic-model writer (``ds4.testing``) and the
 validator (``ds4.inspection``), so the two can never disagree about a name, a dimension or a type.
@@ -26,6 +26,9 @@ __all__ = [
     "mtp_tensor_specs",
     "layer_tensor_specs",
     "shape_problems",
+    "range_problems",
+    "INT_LIMITS",
+    "FLOAT_LIMITS",
 ]
 
 ExpertMix = Literal["q2", "q4"]
@@ -102,7 +105,7 @@ def _attention_ffn_common(p: str, s: ModelShape, experts: ExpertMix | None,
 
 
 def layer_tensor_specs(s: ModelShape, il: int, experts: ExpertMix | None = None) -> list[TensorSpec]:
-    """Tensors of layer ``il`` (MODEL.md §2.2), conditional ones included where they apply."""
+    """Tensors of layer ``il`` (docs/model.md §2.2), conditional ones included where they apply."""
     T = TensorSpec
     p = f"blk.{il}"
     specs = _attention_ffn_common(p, s, experts, (F16,))
@@ -133,7 +136,7 @@ def layer_tensor_specs(s: ModelShape, il: int, experts: ExpertMix | None = None)
 
 
 def tensor_specs(s: ModelShape, experts: ExpertMix | None = None) -> list[TensorSpec]:
-    """Every tensor of the main model (MODEL.md §2.1-§2.2), in file order.
+    """Every tensor of the main model (docs/model.md §2.1-§2.2), in file order.
 
     With ``experts=None`` the routed-expert specs accept any routed type (validation); with
     ``"q2"``/``"q4"`` they name exactly the mix's types (writing).
@@ -153,7 +156,7 @@ def tensor_specs(s: ModelShape, experts: ExpertMix | None = None) -> list[Tensor
 
 
 def mtp_tensor_specs(s: ModelShape, experts: ExpertMix | None = None) -> list[TensorSpec]:
-    """The ``mtp.0.*`` block (MODEL.md §2.3). "plain" tensors accept F16 or F32 (F16 written)."""
+    """The ``mtp.0.*`` block (docs/model.md §2.3). "plain" tensors accept F16 or F32 (F16 written)."""
     T = TensorSpec
     plain = (F16, F32)
     p = "mtp.0"
@@ -190,6 +193,9 @@ def shape_problems(s: ModelShape) -> list[str]:
             p.append(f"{k}={v} must be positive")
     if p:
         return p
+    p = range_problems(s)
+    if p:
+        return p
     if len(s.compress_ratios) != s.n_layer:
         p.append(f"{len(s.compress_ratios)} compress ratios for {s.n_layer} layers")
     bad = sorted({r for r in s.compress_ratios if r not in (0, 4, 128)})
@@ -223,4 +229,68 @@ def shape_problems(s: ModelShape) -> list[str]:
         p.append(f"n_expert_used={s.n_expert_used} exceeds n_expert={s.n_expert}")
     if s.n_hash_layer < 0 or s.n_hash_layer > s.n_layer:
         p.append(f"n_hash_layer={s.n_hash_layer} is outside 0..n_layer={s.n_layer}")
+    return p
+
+
+# What a DS4 model can mean, per metadata value (docs/robustness.md). Every size the core allocates
+# or loops over from is bounded here before anything is allocated: the upper limits are far above
+# Flash and Pro (n_layer 61, n_embd 7168, n_expert 384, sinkhorn 20 ...) yet keep any one buffer
+# or loop of a token in the range a machine can run. Integer limits are inclusive.
+INT_LIMITS: dict[str, tuple[int, int]] = {
+    "n_layer": (1, 512),
+    "n_embd": (1, 65536),
+    "n_vocab": (1, 1 << 24),
+    "n_head": (1, 1024),
+    "head_dim": (1, 4096),
+    "n_rot": (1, 4096),
+    "n_out_group": (1, 1024),
+    "q_lora_rank": (1, 65536),
+    "o_lora_rank": (1, 65536),
+    "n_expert": (1, 4096),
+    "n_expert_used": (1, 4096),
+    "n_ff_exp": (1, 65536),
+    "n_hash_layer": (0, 512),
+    "indexer_heads": (1, 1024),
+    "indexer_head_dim": (1, 4096),
+    "indexer_top_k": (1, 1 << 20),
+    "n_swa": (1, 1 << 20),
+    "n_hc": (1, 16),
+    # The Sinkhorn normalisation of the HC mixer runs this many sweeps per token and layer: the
+    # models use 20; 2**31-1 passed load and hung the first sync.
+    "sinkhorn_iters": (1, 1000),
+    "rope_orig_ctx": (1, 2**31 - 1),
+    "n_head_kv": (1, 1024),
+    "n_expert_shared": (1, 1024),
+}
+
+# (low, high, low is exclusive): finite values only. Epsilons are small positive numbers; RoPE
+# bases are above 1 (a base <= 1 has no decaying frequencies); a float stored under an integer
+# type is read as that integer, so a float's bit pattern in a UINT32 (10000.0f reads 1176256512)
+# lands outside these bounds and is refused.
+FLOAT_LIMITS: dict[str, tuple[float, float, bool]] = {
+    "rms_eps": (0.0, 0.1, True),
+    "hc_eps": (0.0, 0.1, True),
+    "expert_weights_scale": (0.0, 1000.0, True),
+    "swiglu_clamp": (0.0, 1.0e6, True),
+    "rope_freq_base": (1.0, 1.0e8, True),
+    "rope_scale_factor": (1.0, 1.0e4, False),
+    "yarn_beta_fast": (0.0, 1.0e4, True),
+    "yarn_beta_slow": (0.0, 1.0e4, True),
+    "compress_rope_freq_base": (1.0, 1.0e8, True),
+}
+
+
+def range_problems(s: ModelShape) -> list[str]:
+    """Values of ``s`` outside what a DS4 model can mean (:data:`INT_LIMITS`, :data:`FLOAT_LIMITS`)."""
+    import math
+
+    p: list[str] = []
+    for k, (lo, hi) in INT_LIMITS.items():
+        v = getattr(s, k)
+        if not lo <= v <= hi:
+            p.append(f"{k}={v} is outside {lo}..{hi}")
+    for k, (lo, hi, open_lo) in FLOAT_LIMITS.items():
+        v = getattr(s, k)
+        if not math.isfinite(v) or (v <= lo if open_lo else v < lo) or v > hi:
+            p.append(f"{k}={v} is outside {'(' if open_lo else '['}{lo:g}, {hi:g}]")
     return p

@@ -1,4 +1,4 @@
-"""Memory a DS4 session needs at a given context size (RUNTIME.md §5), computed from the shape.
+"""Memory a DS4 session needs at a given context size (docs/runtime.md §5), computed from the shape.
 
 Per layer: the raw sliding-window KV (``min(n_swa, ctx)`` rows of head_dim float32), compressed
 attention rows (``ctx/ratio + 2`` rows of head_dim), ratio-4 indexer rows (``ctx/4 + 2`` rows of
@@ -129,7 +129,7 @@ def memory_plan(shape: ModelShape, ctx: int, weights_bytes: int = 0) -> MemoryPl
 
 @dataclass(frozen=True)
 class ContextEstimate:
-    """Upstream's ``ds4_context_memory_estimate(backend, ctx)`` (RUNTIME.md §5.3), for any shape.
+    """Upstream's ``ds4_context_memory_estimate(backend, ctx)`` (docs/runtime.md §5.3), for any shape.
 
     Frontiers and logits are not included (as upstream). ``prefill_cap`` is 0 on the CPU.
     """

@@ -1,4 +1,4 @@
-"""Pure-Python reader and validator of the DSV4 session payload (RUNTIME.md §6.1-6.2).
+"""Pure-Python reader and validator of the DSV4 session payload (docs/runtime.md §6.1-6.2).
 
 The payload is what ``Session.save_payload()`` returns and what a ``.kv`` cache file carries after
 its text section: 13 little-endian u32 header fields, the checkpoint tokens, the next-token logits,
@@ -99,7 +99,7 @@ class PayloadInfo:
 
 
 def _coff(ratio: int) -> int:
-    # Ratio-4 compressors keep two overlapping windows (MODEL.md; RUNTIME.md §5.1).
+    # Ratio-4 compressors keep two overlapping windows (docs/model.md; docs/runtime.md §5.1).
     return 2 if ratio == 4 else 1
 
 
@@ -139,12 +139,20 @@ def payload_bytes(
 
 
 def read_payload_header(data: bytes | memoryview) -> PayloadHeader:
-    """Parse and check magic and version (§6.2 steps 1-2)."""
+    """Parse and check magic and version (§6.2 steps 1-2), and that the buffer holds at least the
+    fixed sections the header claims (tokens, logits, row counts): so no later step loops over or
+    allocates from a count the bytes cannot back."""
     h = PayloadHeader.unpack(data)
     if h.magic != PAYLOAD_MAGIC or h.version != PAYLOAD_VERSION:
         raise CacheFormatError(
             f"unsupported session payload version: magic 0x{h.magic:08x} version {h.version}, "
             f"expected magic 0x{PAYLOAD_MAGIC:08x} version {PAYLOAD_VERSION}"
+        )
+    fixed = PAYLOAD_HEADER_BYTES + _U32 * h.tokens + _F32 * h.n_vocab + 2 * _U32 * h.n_layer
+    if fixed > len(data):
+        raise CacheFormatError(
+            f"truncated session payload: the header claims {h.tokens} tokens, vocab {h.n_vocab} and "
+            f"{h.n_layer} layers ({fixed} bytes before the layer data), the buffer has {len(data)}"
         )
     return h
 
@@ -209,13 +217,23 @@ def read_payload_info(
                 f"saved compressed cap is {h.comp_cap}"
             )
     nbytes = payload_bytes(h, n_comp, n_index, ratios)
+    # The layer sections' sizes follow from the model's compress ratios, which the payload does not
+    # store: a size mismatch is a truncated file or a payload written by another model shape.
+    why = "truncated, or written for a model with other compress ratios"
     if len(data) < nbytes:
-        raise CacheFormatError(f"truncated session payload: {len(data)} bytes, header implies {nbytes}")
+        raise CacheFormatError(
+            f"session payload is {len(data)} bytes, this model's layout (compress ratios "
+            f"{_short(ratios)}) implies {nbytes}: {why}")
     if exact and len(data) != nbytes:
         raise CacheFormatError(
-            f"KV checkpoint has trailing payload bytes: {len(data)} bytes, header implies {nbytes}"
-        )
+            f"KV checkpoint has trailing payload bytes: {len(data)} bytes, this model's layout "
+            f"(compress ratios {_short(ratios)}) implies {nbytes}: {why}")
     return PayloadInfo(h, tuple(n_comp), tuple(n_index), tuple(ratios), nbytes)
+
+
+def _short(ratios: Sequence[int]) -> str:
+    r = list(ratios)
+    return str(r) if len(r) <= 8 else f"[{', '.join(map(str, r[:8]))}, ... ({len(r)} layers)]"
 
 
 def payload_sections(info: PayloadInfo) -> list[tuple[str, int, int]]:
@@ -249,7 +267,7 @@ def payload_sections(info: PayloadInfo) -> list[tuple[str, int, int]]:
 
 
 def default_prefill_cap(ctx: int) -> int:
-    """Upstream's default prefill chunk for a session of ``ctx`` tokens (RUNTIME.md §5.2)."""
+    """Upstream's default prefill chunk for a session of ``ctx`` tokens (docs/runtime.md §5.2)."""
     return ctx if ctx <= 2048 else 2048
 
 
@@ -276,7 +294,7 @@ def synthetic_payload(
 ) -> bytes:
     """A structurally valid payload with deterministic pseudo-random tensor bytes.
 
-    Row counts follow a cold prefill of ``tokens`` (``n_comp = T // ratio``; RUNTIME.md §6.1). For
+    Row counts follow a cold prefill of ``tokens`` (``n_comp = T // ratio``; docs/runtime.md §6.1). For
     tests and benchmarks of the cache layer that must not depend on the engine.
     """
     import numpy as np

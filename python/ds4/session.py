@@ -23,13 +23,15 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import numpy as np
 
 from ._atomic import write_atomic
+from ._args import MAX_CTX, check_int
 from .errors import InvalidArgumentError, UnsupportedModelError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Engine
     from .sampling import Rng, TokenLogprob
+    from .steering import Steering
 
-__all__ = ["Session", "Snapshot", "common_prefix_len"]
+__all__ = ["Session", "Snapshot", "ActivationCapture", "common_prefix_len"]
 
 
 def common_prefix_len(a: Iterable[int], b: Iterable[int]) -> int:
@@ -59,21 +61,65 @@ class Snapshot:
 ProgressFn = Callable[[int, int], None]
 
 
+class ActivationCapture:
+    """What :meth:`Session.capture` recorded: per component a float32 ``[tokens, n_layer, n_embd]``
+    array (``capture["ffn_out"]``) and the tokens' positions. Filled when the ``with`` block ends."""
+
+    def __init__(self, components: tuple[str, ...]) -> None:
+        self.components = components
+        self.positions = np.zeros(0, np.int64)
+        self.values: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, component: str) -> np.ndarray:
+        try:
+            return self.values[component]
+        except KeyError:
+            raise InvalidArgumentError(f"{component!r} was not captured (captured: {', '.join(self.components)})") from None
+
+    def __repr__(self) -> str:
+        return f"ActivationCapture({', '.join(self.components)}; {len(self.positions)} tokens)"
+
+
+class _CaptureScope:
+    def __init__(self, session: "Session", capture: ActivationCapture, mask: int, last_only: bool) -> None:
+        self._s, self.capture, self._mask, self._last_only = session, capture, mask, last_only
+
+    def __enter__(self) -> ActivationCapture:
+        if self._s._capturing:
+            raise InvalidArgumentError("this session is already capturing activations")
+        self._s._s.set_tap(self._mask, self._last_only)
+        self._s._capturing = True
+        return self.capture
+
+    def __exit__(self, *exc: object) -> None:
+        from .steering import COMPONENTS
+        positions, rows = self._s._s.take_tap()
+        self._s._s.set_tap(0, False)
+        self._s._capturing = False
+        self.capture.positions = positions
+        self.capture.values = {COMPONENTS[k]: v for k, v in rows.items()}
+
+
 class Session:
     """One timeline: ``sync``/``eval`` tokens, read ``logits``, checkpoint and persist the state.
 
-    Not thread-safe: use one session per thread (sessions of one engine may run concurrently).
-    Long calls release the GIL; Ctrl-C or :meth:`cancel` from another thread stops a prefill at
-    the next chunk boundary, leaving the session consistent at that boundary.
+    One call at a time: use one session per thread (sessions of one engine may run concurrently).
+    A call made while another is inside the session (from another thread, or a state-changing call
+    from its own progress callback) raises :class:`~ds4.errors.SessionBusyError`.
+    Long calls release the GIL; Ctrl-C or :meth:`cancel` from another thread stops a prefill within
+    a layer or two (a fraction of a second), leaving the session consistent at the last finished
+    chunk boundary.
     """
 
     def __init__(self, engine: "Engine", ctx: int = 32768) -> None:
-        if int(ctx) < 2:
-            raise InvalidArgumentError(f"ctx must be at least 2, got {ctx}")
+        ctx = check_int(ctx, "ctx", 2, MAX_CTX)
         self.engine = engine
         # The compiled session of a local engine, or a pipeline's chain of stages (same methods).
-        self._s = engine._core_session(int(ctx))
+        self._s = engine._core_session(ctx)
+        self._native = type(self._s).__module__ == "ds4._core"
         self._logits: np.ndarray | None = None
+        self._steering: Steering | None = None
+        self._capturing = False
 
     # ---- timeline ---------------------------------------------------------------------------
     @property
@@ -96,15 +142,17 @@ class Session:
         If the current tokens are a prefix of ``tokens`` only the suffix is evaluated, otherwise
         the state is rebuilt. ``progress(done, total)`` is called after each prefill chunk.
         """
-        self._s.sync(list(tokens), progress)
+        if not self._native:   # the compiled session checks each id itself, without a Python loop
+            tokens = [check_int(t, "token") for t in tokens]
+        self._s.sync(tokens, progress)
 
     def eval(self, token: int) -> None:
         """Append one token and refresh the logits (ContextOverflowError when ctx is full)."""
-        self._s.eval(int(token))
+        self._s.eval(check_int(token, "token"))
 
     def rewind(self, pos: int) -> None:
         """Truncate the timeline to its first ``pos`` tokens (the state is rebuilt on next use)."""
-        self._s.rewind(int(pos))
+        self._s.rewind(check_int(pos, "rewind position"))
 
     def reset(self) -> None:
         """Drop everything: an empty timeline."""
@@ -112,10 +160,11 @@ class Session:
 
     def common_prefix(self, tokens: Iterable[int]) -> int:
         """Length of the common prefix of the live tokens and ``tokens``."""
-        return int(self._s.common_prefix(list(tokens)))
+        return int(self._s.common_prefix(tokens))
 
     def cancel(self) -> None:
-        """Ask a running ``sync`` (in another thread) to stop at the next chunk boundary."""
+        """Ask a running ``sync`` (in another thread) to stop: it raises CancelledError within a layer or
+        a 64-token group, and the session keeps the tokens of the chunks that finished."""
         self._s.cancel()
 
     # ---- outputs ----------------------------------------------------------------------------
@@ -153,33 +202,101 @@ class Session:
 
     def restore(self, snap: Snapshot) -> None:
         """Go back to ``snap`` (taken from a session with a compatible ctx)."""
-        self._s.load_payload(snap.payload)
+        self.load_payload(snap.payload)
 
     def save_payload(self) -> bytes:
-        """The DSV4 session payload (RUNTIME.md §6.1), byte-compatible with upstream."""
+        """The DSV4 session payload (docs/runtime.md §6.1), byte-compatible with upstream."""
         return self._s.save_payload()
 
     def load_payload(self, data: bytes | bytearray | memoryview) -> None:
-        """Replace the state with a payload; CacheFormatError (session unchanged) if it does not fit."""
-        self._s.load_payload(data)
+        """Replace the state with a payload; CacheFormatError (session unchanged) if it does not fit.
+
+        ``data`` is any C-contiguous bytes-like object; it is validated against the model (so a
+        payload from another model shape says so) before the core reads it.
+        """
+        try:
+            mv = memoryview(data)
+        except TypeError:
+            raise InvalidArgumentError(f"session payload must be bytes-like, got {type(data).__name__}") from None
+        if not mv.c_contiguous:
+            raise InvalidArgumentError("session payload must be a contiguous buffer "
+                                       "(bytes, bytearray or a C-contiguous view)")
+        if mv.ndim != 1 or mv.itemsize != 1:
+            mv = mv.cast("B")
+        self.engine.check_payload(mv)
+        self._s.load_payload(mv)
 
     def payload_size(self) -> int:
         return int(self._s.payload_size())
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the payload to ``path`` atomically (unique temp file in the same folder, fsync, rename)."""
-        write_atomic(Path(path), [self.save_payload()])
+        """Write the payload to ``path`` atomically (unique temp file in the same folder, fsync, rename).
+
+        Raises :class:`~ds4.errors.Ds4IOError` naming the file if the OS refuses; no temp file is left."""
+        from .errors import Ds4IOError
+        try:
+            write_atomic(Path(path), [self.save_payload()])
+        except OSError as e:
+            raise Ds4IOError(f"{path}: cannot write session file: {e.strerror or e}") from e
 
     @property
     def kv_bytes(self) -> int:
         """Bytes allocated for this session's KV state."""
         return int(self._s.kv_bytes)
 
+    # ---- steering and activations --------------------------------------------------------------
+    def _hooks(self, what: str):
+        """The compiled session's hook API (a pipeline's chain of stages has none yet)."""
+        if not hasattr(self._s, "set_tap"):
+            raise UnsupportedModelError(f"{what} needs a single-engine session; pipeline stages do not run it yet")
+        return self._s
+
+    @property
+    def steering(self) -> "Steering | None":
+        """Directional steering of this session (None: off); see :mod:`ds4.steering`.
+
+        Setting it on a non-empty timeline keeps the tokens and rebuilds their state under the
+        new setting on next use (the live state was computed under the old one).
+        """
+        return self._steering
+
+    @steering.setter
+    def steering(self, value: "Steering | None") -> None:
+        core = self._hooks("directional steering")
+        native = None
+        if value is not None:
+            value = value.for_shape(self.engine.shape)
+            native = value._native(self.engine.shape)
+        core.set_steering(native)
+        self._steering = value
+
+    def capture(self, *components: str, last_only: bool = False) -> _CaptureScope:
+        """Record per-layer activations of every token evaluated inside a ``with`` block::
+
+            with s.capture("ffn_out") as cap:
+                s.sync(tokens)
+            cap["ffn_out"]          # float32 [tokens, n_layer, n_embd]
+
+        Components: ``"attn_out"`` (attention output after its projection) and ``"ffn_out"``
+        (routed + shared experts), as HC post consumes them, i.e. after any steering edit.
+        ``last_only`` keeps only the last evaluated token (bounded memory on long prompts).
+        Tokens rebuilt after a rewind are recorded again, with their positions.
+        """
+        from .steering import COMPONENTS
+        self._hooks("the activation tap")
+        comps = components or ("ffn_out",)
+        mask = 0
+        for c in comps:
+            if c not in COMPONENTS:
+                raise InvalidArgumentError(f"unknown activation component {c!r}; expected one of {', '.join(COMPONENTS)}")
+            mask |= 1 << COMPONENTS.index(c)
+        return _CaptureScope(self, ActivationCapture(tuple(comps)), mask, bool(last_only))
+
     # ---- MTP ----------------------------------------------------------------------------------
     def mtp_logits(self) -> np.ndarray:
         """MTP draft logits (float32 copy, vocab) for the token after the next one.
 
-        One MTP step (MODEL.md §3.12) from the last evaluated token and its final hidden state, run
+        One MTP step (docs/model.md §3.12) from the last evaluated token and its final hidden state, run
         once per position on first request; the MTP block's own 128-token window gets a row per
         step taken, so call it after every eval when drafting continuously.
         """
@@ -190,6 +307,45 @@ class Session:
     def mtp_draft(self) -> int:
         """The MTP block's greedy draft for the token after the next one."""
         return int(np.argmax(self.mtp_logits()))
+
+    # ---- speculative decoding (docs/speculative.md) ---------------------------------------------
+    @property
+    def max_verify(self) -> int:
+        """Most tokens one :meth:`verify` takes here (the raw window, and one context slot stays free)."""
+        return int(self._s.max_verify())
+
+    def verify(self, tokens: Iterable[int]) -> np.ndarray:
+        """Evaluate ``tokens`` at :attr:`pos` in one batched pass without committing them.
+
+        Returns the logits after each prefix (float32 array (len, vocab); row i follows
+        ``tokens[:i + 1]``). Follow with :meth:`accept`; any other call discards the pass first.
+        """
+        return self._s.verify(list(tokens))
+
+    def accept(self, count: int) -> None:
+        """Commit the first ``count`` verified tokens; the state, logits and hidden state are then
+        exactly what :meth:`eval` of those tokens leaves (byte-identical payload)."""
+        self._s.accept(int(count))
+
+    def speculate(self, first: int, drafts: Iterable[int]) -> int:
+        """Greedy speculation: commit ``first`` plus the longest prefix of ``drafts`` that greedy
+        decode would produce, verified in one batched pass. Returns how many tokens were committed
+        (>= 1); the logits then give the next greedy token."""
+        return int(self._s.speculate_greedy(int(first), list(drafts)))
+
+    def mtp_drafts(self, first: int, n: int, stop: int | None = None) -> list[int]:
+        """Up to ``n`` greedy MTP drafts for the tokens after ``first`` (the token about to be
+        committed), stopping after ``stop`` if drafted (needs MTP weights)."""
+        if not self.engine.has_mtp:
+            raise UnsupportedModelError("this engine has no MTP block loaded (pass mtp_path=...)")
+        return list(self._s.mtp_drafts(int(first), int(n), -1 if stop is None else int(stop)))
+
+    def mtp_draft_step(self, token: int) -> np.ndarray:
+        """One step of the MTP draft chain (float32 logits copy): the first call after a commit
+        feeds the token about to be committed, later calls the previous draft."""
+        if not self.engine.has_mtp:
+            raise UnsupportedModelError("this engine has no MTP block loaded (pass mtp_path=...)")
+        return self._s.mtp_draft_step(int(token))
 
     def __repr__(self) -> str:
         return f"Session(pos={self.pos}, ctx={self.ctx})"

@@ -68,7 +68,7 @@ class ModelShape:
     rope_orig_ctx: int = 65536
     compress_rope_freq_base: float = 160000.0
 
-    # ---- derived sizes (MODEL.md §1.3) ----
+    # ---- derived sizes (docs/model.md §1.3) ----
     @property
     def value_dim(self) -> int:
         return self.head_dim

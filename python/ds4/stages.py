@@ -439,6 +439,7 @@ class PipelineBase:
 
     from .engine import Engine as _Engine
     load_session = _Engine.load_session
+    check_payload = _Engine.check_payload
     generate = _Engine.generate
     tokenizer = _Engine.tokenizer
     del _Engine

@@ -5,7 +5,7 @@ we construct its BPE model from the GGUF vocabulary and merges and give it the o
 pre-tokenizer (the three-split sequence of the released ``tokenizer.json``). That makes the output
 equal, by construction, to the official tokenizer on any text, and fast (several MB/s on one core).
 
-Two deliberate differences from upstream ds4.c (RUNTIME.md §1):
+Two deliberate differences from upstream ds4.c (docs/runtime.md §1):
 
 * Pre-tokenization follows the official ``tokenizer.json`` regexes, not upstream's byte-level
   approximation (§1.4). They agree on printable ASCII plus ``\\t\\n\\v\\f\\r`` (code and English
@@ -52,7 +52,7 @@ TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
 
-# The seven strings upstream resolves by content (RUNTIME.md §1.2), in its recognition order.
+# The seven strings upstream resolves by content (docs/runtime.md §1.2), in its recognition order.
 SPECIAL_STRINGS: dict[str, str] = {
     "bos": "<｜begin▁of▁sentence｜>",
     "eos": "<｜end▁of▁sentence｜>",
@@ -79,7 +79,7 @@ _PRE_SPLIT_MAIN = (
 
 
 def byte_to_unicode() -> dict[int, str]:
-    """GPT-2 byte-level alphabet (RUNTIME.md §1.3): byte value -> the character standing for it."""
+    """GPT-2 byte-level alphabet (docs/runtime.md §1.3): byte value -> the character standing for it."""
     printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
     mapping = {b: chr(b) for b in printable}
     extra = 0

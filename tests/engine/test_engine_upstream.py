@@ -5,7 +5,7 @@ the tiny Flash-schedule and tiny-pro Pro-schedule models (tests/reference/data/u
 session payload written by upstream's own kvstore (tests/data/kvcache/). On the scalar kernel path
 the engine follows upstream's scalar float orders literally, so it must reproduce upstream's
 logits and cache state BIT FOR BIT. The SIMD paths combine block sums in another fixed order and
-land within upstream's own build-to-build noise (strict vs -O3 -ffast-math, MODEL.md §9).
+land within upstream's own build-to-build noise (strict vs -O3 -ffast-math, docs/model.md §9).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_simd_path_within_upstream_build_noise(tmp_path, fname: str) -> None:
     ours = np.array(rows)[gold["positions"]]
     r = row_means(ours, gold["decode_logits"])
     # Same criterion as tests/reference/test_upstream_golden.py: rows above 0.1 are discrete
-    # flips (Q8_0 ties, a swapped expert), at most 10% of them; the rest within MODEL.md §9.
+    # flips (Q8_0 ties, a swapped expert), at most 10% of them; the rest within docs/model.md §9.
     flips = r > 0.1
     assert flips.sum() <= max(1, int(0.1 * len(r))), np.round(r, 3)
     assert r[~flips].mean() <= 0.05, np.round(r, 3)

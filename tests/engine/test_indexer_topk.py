@@ -12,7 +12,7 @@ NEG = np.float32(-1.0e30)
 
 
 def upstream_scan(scores: np.ndarray, k: int) -> np.ndarray:
-    """MODEL.md §3.6 step 6 literally: k scans taking the first strictly greatest unchosen row."""
+    """docs/model.md §3.6 step 6 literally: k scans taking the first strictly greatest unchosen row."""
     allowed = np.zeros(len(scores), bool)
     for _ in range(k):
         best, best_score = 0, NEG

@@ -1,4 +1,4 @@
-"""MTP draft block (MODEL.md §3.12) against ds4.reference.
+"""MTP draft block (docs/model.md §3.12) against ds4.reference.
 
 The reference MTP step is fed the engine's own final hidden state, so the comparison isolates the
 MTP block's numerics (one dense layer + head); the main model's own noise is covered elsewhere.

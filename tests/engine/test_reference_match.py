@@ -1,6 +1,8 @@
 """Engine logits against the numpy oracle ds4.reference, teacher-forced and greedy.
 
-Tolerances are in _compare.py with their reason (upstream's own build-to-build noise). Prompt
+Tolerances are in _compare.py with their reason (measured error, upstream's own build-to-build
+noise) and tests/engine/test_compare_bounds.py shows each catches N(0, 0.4) noise and x1.3
+scaling. Every check that selects rows asserts it selected some. Prompt
 lengths cross every boundary of the tiny shapes: 1 token, < 128, > 128 (the raw ring wraps and
 ratio-128 rows appear), and > 4*top_k (the ratio-4 indexer starts selecting).
 """
@@ -16,13 +18,7 @@ import ds4
 import ds4.testing
 from ds4.reference import ReferenceModel
 
-from _compare import TOL_ARGMAX, compare_rows, row_means
-
-# A reference row whose top-1/top-2 margin exceeds this must give the same argmax: the largest
-# single-logit deviation seen between two correct float orders on the tiny models is ~2.4 (see
-# _compare.py; MODEL.md §9 reports 2.29 for upstream vs a blind port), so flips are legitimate
-# only below it.
-NEAR_TIE = 2.5
+from _compare import TOL_ARGMAX, compare_rows, decisive_rows, row_means, rows_ok
 
 
 def _teacher_forced(eng: ds4.Engine, ref: ReferenceModel, tokens: list[int], ctx: int = 512):
@@ -36,12 +32,18 @@ def _teacher_forced(eng: ds4.Engine, ref: ReferenceModel, tokens: list[int], ctx
     return np.array(ours), np.array(theirs)
 
 
+def _check_decisive(ours: np.ndarray, theirs: np.ndarray, at_least: int) -> None:
+    decisive = decisive_rows(theirs)
+    assert decisive.sum() >= at_least, f"only {decisive.sum()} decisive rows: the check would assert nothing"
+    assert (np.atleast_2d(ours).argmax(1) == np.atleast_2d(theirs).argmax(1))[decisive].all(), \
+        "argmax differs on a decisive row"
+
+
 def _check(ours: np.ndarray, theirs: np.ndarray, min_argmax: float = TOL_ARGMAX) -> None:
     stats = compare_rows(ours, theirs)
     assert stats.ok(min_argmax), stats
-    srt = np.sort(theirs, axis=1)
-    decisive = (srt[:, -1] - srt[:, -2]) > NEAR_TIE
-    assert (ours.argmax(1) == theirs.argmax(1))[decisive].all(), "argmax differs on a decisive row"
+    # measured: 9-17 of the 160 rows have a margin above NEAR_TIE on these models
+    _check_decisive(ours, theirs, at_least=5)
 
 
 MODELS = [("tiny", "q2"), ("tiny", "q4"), ("tiny-pro", "q2")]
@@ -75,36 +77,43 @@ def test_teacher_forced_160_tokens(pair, simd) -> None:
     _check(ours, theirs)
 
 
-@settings(max_examples=6)
-@given(seed=st.integers(0, 2**31 - 1), n=st.sampled_from([1, 5, 37, 131]))
-def test_prefill_last_logits(pair, seed: int, n: int) -> None:
+@settings(max_examples=2)   # 4 prefills each, on both sides: ~8 s per model on 2 cores
+@given(seed=st.integers(0, 2**31 - 1))
+def test_prefill_last_logits(pair, seed: int) -> None:
+    # The batched prefill path of both sides, at lengths across every boundary (1 token, < 128,
+    # > 128 where the ring wraps). Each prefill gives one row; a single row may be one of the
+    # isolated spike rows, so the four rows are judged together (_compare.rows_ok).
     eng, ref = pair
-    tokens = np.random.default_rng(seed).integers(0, eng.shape.n_vocab, n).tolist()
-    s = eng.session(ctx=256)
-    s.sync(tokens)
-    theirs = ref.prefill(ref.new_state(256), tokens)
-    stats = compare_rows(s.logits, theirs)
-    # One row, no averaging: it may be one of the isolated spike rows (about 1 in 20) where an
-    # FP8 block scale or Q8_0 tie flips between float orders (e.g. position 0, where attention
-    # returns an FP8-grid row times a scalar: MODEL.md §4.6); those reach ~0.45 mean |dlogit|.
-    assert stats.mean_abs <= 0.5 and stats.max_abs <= 2.5, stats
+    tokens = np.random.default_rng(seed).integers(0, eng.shape.n_vocab, 131).tolist()
+    ours, theirs = [], []
+    for n in (1, 5, 37, 131):
+        s = eng.session(ctx=256)
+        s.sync(tokens[:n])
+        ours.append(s.logits.copy())
+        theirs.append(ref.prefill(ref.new_state(256), tokens[:n]))
+    rows = row_means(np.array(ours), np.array(theirs))
+    assert rows_ok(rows), np.round(rows, 3)
 
 
 def test_greedy_continuation(pair) -> None:
+    # Greedy decoding, 40 steps. Both sides follow the reference's greedy tokens, so a legitimate
+    # flip at a near-tie does not end the comparison; wherever the reference's choice is decisive
+    # (margin > NEAR_TIE) the engine must pick the same token. The prompt seed is fixed and the
+    # count of decisive steps asserted, so the test cannot silently compare nothing.
     eng, ref = pair
-    prompt = np.random.default_rng(3).integers(0, eng.shape.n_vocab, 20).tolist()
+    prompt = np.random.default_rng(4).integers(0, eng.shape.n_vocab, 20).tolist()
     s = eng.session(ctx=256)
     s.sync(prompt)
     st_ = ref.new_state(256)
     theirs = ref.prefill(st_, prompt)
-    for _ in range(12):
-        srt = np.sort(theirs)
-        if srt[-1] - srt[-2] < 0.3:
-            break  # a reference near-tie: the continuation may legitimately diverge from here
-        t_ref, t_ours = int(np.argmax(theirs)), s.argmax()
-        assert t_ours == t_ref
-        s.eval(t_ours)
+    ours_rows, ref_rows = [], []
+    for _ in range(40):
+        ours_rows.append(s.logits.copy())
+        ref_rows.append(theirs)
+        t_ref = int(np.argmax(theirs))
+        s.eval(t_ref)
         theirs = ref.decode(st_, t_ref)
+    _check_decisive(np.array(ours_rows), np.array(ref_rows), at_least=2)
 
 
 # The simd fixture only selects a kernel path for the whole test, so sharing it is safe.
@@ -148,7 +157,7 @@ def test_payload_layout_matches_reference(pair, n: int, extend: int) -> None:
         if arr.dtype == np.uint32:
             assert np.array_equal(mine, arr), name
         elif name == "logits":
-            assert row_means(mine, arr)[0] <= 0.5   # one row: may be a spike row (see above)
+            assert np.array_equal(mine, s.logits)   # the session's own logits, in their place
         else:
             sentinel = arr <= -1e29
             assert np.array_equal(mine <= -1e29, sentinel), name

@@ -109,7 +109,8 @@ def test_save_load_roundtrip(tiny_engine, tmp_path) -> None:
     s.sync(toks)
     path = tmp_path / "s.kv"
     s.save(path)
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    # exactly the saved file: the writer's temp file (s.kv.tmp.<pid>.<hex>, ds4/_atomic.py) is gone
+    assert os.listdir(tmp_path) == ["s.kv"]
     loaded = tiny_engine.load_session(path)
     assert loaded.ctx == 256 and loaded.tokens == toks
     assert np.array_equal(loaded.logits, s.logits)
@@ -128,7 +129,7 @@ def test_payload_matches_python_reader(tiny_engine) -> None:
     info = read_payload_info(blob, sh.compress_ratios, head_dim=sh.head_dim,
                              indexer_head_dim=sh.indexer_head_dim, n_vocab=sh.n_vocab)
     assert info.nbytes == len(blob) == s.payload_size()
-    # Row counts after T tokens: floor(T / ratio) (RUNTIME.md §6.1).
+    # Row counts after T tokens: floor(T / ratio) (docs/runtime.md §6.1).
     assert info.n_comp == tuple(0 if r == 0 else 150 // r for r in sh.compress_ratios)
 
 
@@ -210,7 +211,7 @@ def test_logits_are_a_readonly_view(tiny_engine) -> None:
 
 
 def test_payload_from_smaller_ctx_loads_when_layout_matches(tiny_engine) -> None:
-    # ctx >= 2048 all share the 2048 chunk tag and 128-row window (RUNTIME.md §6.2 step 5), so a
+    # ctx >= 2048 all share the 2048 chunk tag and 128-row window (docs/runtime.md §6.2 step 5), so a
     # ctx-2048 payload loads into a ctx-4096 session and continues bit-identically.
     toks = _tokens(60, 13)
     small = tiny_engine.session(ctx=2048)
@@ -234,3 +235,22 @@ def test_sampling_helpers_use_the_live_logits(tiny_engine) -> None:
     top = s.top_logprobs(3)
     assert [t.id for t in top] == [t.id for t in sampling.top_logprobs(s.logits, 3)]
     assert top[0].id == s.argmax()
+
+
+def test_failed_save_leaves_no_temp_file(tiny_engine, tmp_path, monkeypatch) -> None:
+    from ds4.errors import Ds4IOError
+
+    s = tiny_engine.session(ctx=64)
+    s.sync([1, 2, 3])
+    renamed: list[str] = []
+
+    def refuse(src, dst):
+        renamed.append(os.path.basename(src))
+        assert os.path.exists(src)           # the complete temp file exists at the rename
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(Ds4IOError, match="s.kv"):
+        s.save(tmp_path / "s.kv")
+    assert renamed and renamed[0].startswith("s.kv.tmp.")   # the check below looks at the real name
+    assert os.listdir(tmp_path) == []

@@ -1,4 +1,4 @@
-"""Attention core with sinks and masks, and the per-layer cache / payload layout (MODEL.md §3.8, RUNTIME.md §6.1)."""
+"""Attention core with sinks and masks, and the per-layer cache / payload layout (docs/model.md §3.8, docs/runtime.md §6.1)."""
 
 import struct
 
@@ -103,7 +103,7 @@ def test_payload_layout_and_size():
                          "layer2.attn_state_score", "layer2.index_comp", "layer2.index_state_kv",
                          "layer2.index_state_score", "layer3.raw", "layer3.comp", "layer3.attn_state_kv",
                          "layer3.attn_state_score"]
-    # RUNTIME.md §6.1 size formula
+    # docs/runtime.md §6.1 size formula
     R, D, I = 4, 192, 128
     expect = 52 + 4 * 9 + 4 * 64 + 8 * 4 + 4 * R * 4 * D
     expect += 2 * 4 * D + 2 * (2 * 4 * 2 * D * 4) + 2 * 4 * I + 2 * (2 * 4 * 2 * I * 4)  # ratio 4 layer

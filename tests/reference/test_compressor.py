@@ -1,4 +1,4 @@
-"""The KV compressor: slots, pooling, emission schedule, two-lane overlap, shift, reset (MODEL.md §3.7)."""
+"""The KV compressor: slots, pooling, emission schedule, two-lane overlap, shift, reset (docs/model.md §3.7)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""FP8 E4M3, FP4 E2M1, Hadamard-128 and the F16 round trip (MODEL.md §3.5, §4.4, §4.5)."""
+"""FP8 E4M3, FP4 E2M1, Hadamard-128 and the F16 round trip (docs/model.md §3.5, §4.4, §4.5)."""
 
 import numpy as np
 import pytest

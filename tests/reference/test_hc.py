@@ -1,4 +1,4 @@
-"""Hyper-connections: Sinkhorn split, HC pre weighted sum, HC post, output collapse (MODEL.md §3.1, §3.9, §3.11)."""
+"""Hyper-connections: Sinkhorn split, HC pre weighted sum, HC post, output collapse (docs/model.md §3.1, §3.9, §3.11)."""
 
 import math
 

@@ -2,7 +2,7 @@
 
 What is asserted exactly: prefill runs the same per-token math as decode, so prefill logits are
 bit-identical to decode logits, and the prefill state equals the decode state after the
-after-prefill frontier reset (RUNTIME.md §5.1) is applied to it; any chunking of a prefill gives
+after-prefill frontier reset (docs/runtime.md §5.1) is applied to it; any chunking of a prefill gives
 bit-identical logits and payload bytes.
 """
 

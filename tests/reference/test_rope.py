@@ -1,4 +1,4 @@
-"""RoPE on the head tails and YaRN for compressed layers (MODEL.md §3.4)."""
+"""RoPE on the head tails and YaRN for compressed layers (docs/model.md §3.4)."""
 
 import math
 

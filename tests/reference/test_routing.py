@@ -1,4 +1,4 @@
-"""Selections and gates: indexer top-k, expert top-k, hash routing, expert weights, SwiGLU (MODEL.md §3.6, §3.10)."""
+"""Selections and gates: indexer top-k, expert top-k, hash routing, expert weights, SwiGLU (docs/model.md §3.6, §3.10)."""
 
 import math
 

@@ -12,7 +12,7 @@ The tiny models are chaotic: Q8_0 activation ties flip on 1-ulp input changes an
 reference differs from either), and such a flip at one position can move a later router choice
 (tiny-pro position 6: mean abs 0.53, a layer-3 expert swap). So a position whose mean abs
 difference exceeds 0.1 counts as a discrete flip and at most 10% of positions may be flips. On the
-others MODEL.md §9's limits hold (mean abs <= 0.05, p99 <= 0.5, mean KL <= 0.006; measured on tiny
+others docs/model.md §9's limits hold (mean abs <= 0.05, p99 <= 0.5, mean KL <= 0.006; measured on tiny
 0.029 / 0.22 / 0.0015), and the argmax agrees wherever upstream's top-2 margin exceeds 0.1 (the
 measured disagreements all sit at margins below 0.025).
 """

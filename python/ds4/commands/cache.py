@@ -125,19 +125,17 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def _select(target: str, prefixes: Sequence[str]):
-    from ..errors import CacheFormatError
-    from ..kvcache import CacheEntry
-    from ..kvcache_format import KVC_PREFIX_BYTES, KVCHeader, sha_from_name
+    from ..errors import Ds4IOError
+    from ..kvcache import InvalidCacheFile, probe_file
+    from ..kvcache_format import sha_from_name
 
     p = Path(target).expanduser()
     if p.is_file():
-        sha = sha_from_name(p.name) or ""
         try:
-            with open(p, "rb") as fp:
-                header = KVCHeader.unpack_prefix(fp.read(KVC_PREFIX_BYTES))
-        except CacheFormatError as e:
-            raise CacheFormatError(f"{p}: {e}") from e
-        return [CacheEntry(sha, p, header, p.stat().st_size)], []
+            found = probe_file(p, sha_from_name(p.name) or "")
+        except OSError as e:
+            raise Ds4IOError(f"{p}: cannot read cache file: {e.strerror or e}") from e
+        return ([], [found]) if isinstance(found, InvalidCacheFile) else ([found], [])
     entries, invalid = _scan(target)
     if prefixes:
         want = [s.lower() for s in prefixes]
@@ -147,14 +145,28 @@ def _select(target: str, prefixes: Sequence[str]):
 
 
 def _ratio_candidates(n_layer: int, model: str | None):
+    from ..layout import INT_LIMITS
     from ..shape import flash_ratios, pro_ratios
 
     if model:
         from ..inspection import inspect
 
         shape = inspect(model).shape
+        if shape is None:
+            from ..errors import UnsupportedModelError
+            raise UnsupportedModelError(f"{model}: not a DeepSeek V4 model; cannot check payload sections")
         return [("model", tuple(shape.compress_ratios))]
+    if not INT_LIMITS["n_layer"][0] <= n_layer <= INT_LIMITS["n_layer"][1]:
+        return []  # no DS4 model has that many layers: nothing to build a schedule for
     return [("flash schedule", flash_ratios(n_layer)), ("pro schedule", pro_ratios(n_layer))]
+
+
+def _when(t: int) -> str:
+    """A header timestamp for people; any u64 is printable (out-of-range ones say so)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"{t} (not a valid time)"
 
 
 def _describe(e: Any, args: argparse.Namespace, now: float) -> dict[str, Any]:
@@ -183,6 +195,7 @@ def _describe(e: Any, args: argparse.Namespace, now: float) -> dict[str, Any]:
         if ph.tokens != e.tokens:
             problems.append(f"payload holds {ph.tokens} tokens, header says {e.tokens}")
         layouts = []
+        last_err = f"no DS4 schedule has {ph.n_layer} layers"
         for name, ratios in _ratio_candidates(ph.n_layer, args.model):
             try:
                 info = read_payload_info(payload, ratios)
@@ -217,8 +230,7 @@ def run_show(args: argparse.Namespace) -> int:
         print(f"{d['path']}")
         print(f"  tokens {d['tokens']}  ctx {d['ctx']}  quant {d['quant_bits']}-bit  hits {d['hits']}  "
               f"reason {d['reason']}  key {d['key']}  ext 0x{d['ext_flags']:02x}")
-        print(f"  created {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(d['created_at']))}  "
-              f"last used {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(d['last_used']))}  "
+        print(f"  created {_when(d['created_at'])}  last used {_when(d['last_used'])}  "
               f"size {d['file_size']} B (text {d['text_bytes']}, payload {d['payload_bytes']}, "
               f"trailer {d['trailer_bytes']})")
         if "payload_header" in d:

@@ -1,5 +1,5 @@
 """``ds4 chat``: a multi-turn REPL that keeps one live session, so each turn evaluates only its new
-tokens (upstream's ``ds4`` interactive mode, RUNTIME.md §10.1).
+tokens (upstream's ``ds4`` interactive mode, docs/runtime.md §10.1).
 
 The transcript is a token list: BOS [+ think-max prefix] [+ system text], then per turn User +
 text + the assistant prefix, the generated tokens (reasoning included) and an EOS that the next
@@ -32,12 +32,13 @@ _HELP = """commands:
 
 
 def register(subparsers: Any) -> None:
-    from .generate import add_kv_cache_arguments, add_sampling_args
+    from .generate import add_kv_cache_arguments, add_sampling_args, add_steering_arguments
 
     p = subparsers.add_parser("chat", help="interactive multi-turn chat",
                               description="Interactive chat; the live session is kept between turns.")
     add_sampling_args(p)
     add_kv_cache_arguments(p)
+    add_steering_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -147,7 +148,7 @@ class ChatRepl:
     def turn(self, text: str):
         from ..chat import append_assistant_prefix, append_message
         from ..generation import FinishEvent, generate
-        from .generate import report_cache, report_speed
+        from .generate import report_cache, report_speed, speculative_from_args
 
         before = len(self.transcript)
         append_message(self.tok, self.transcript, "user", text)
@@ -157,7 +158,8 @@ class ChatRepl:
         try:
             for ev in generate(self.engine, tokens=self.transcript, session=self.session,
                                max_tokens=a.max_tokens, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
-                               min_p=a.min_p, seed=a.seed, progress=self.bar, kv_cache=self.kv):
+                               min_p=a.min_p, seed=a.seed, progress=self.bar, kv_cache=self.kv,
+                               speculative=speculative_from_args(a)):
                 if isinstance(ev, FinishEvent):
                     fin = ev
                 else:

@@ -22,8 +22,10 @@ from typing import Any, Sequence
 
 from ..errors import ContextOverflowError, Ds4IOError, InvalidArgumentError
 from ..kvcache_cli import add_arguments as add_kv_cache_arguments
+from ..steering import add_arguments as add_steering_arguments
 
-__all__ = ["register", "run", "add_sampling_args", "open_engine", "open_kv_cache", "ReferenceEngine",
+__all__ = ["register", "run", "add_sampling_args", "add_steering_arguments", "open_engine", "open_kv_cache",
+           "speculative_from_args", "ReferenceEngine",
            "ProgressBar", "think_from_args", "StreamPrinter", "report_cache"]
 
 _DIM, _RESET = "\x1b[2m", "\x1b[0m"
@@ -51,6 +53,10 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", action="store_true",
                    help="run the pure-numpy reference model instead of the compiled engine (small models only)")
     p.add_argument("--progress", action="store_true", help="always show the prefill progress bar")
+    p.add_argument("--mtp", nargs="?", const="", default=None, metavar="FILE",
+                   help="speculative decoding with the MTP block: from FILE, or (no FILE) the one the model embeds")
+    p.add_argument("--mtp-draft", type=int, default=3, metavar="N",
+                   help="with --mtp: tokens drafted per step, verified in one batched pass (default 3, at most 16)")
 
 
 def register(subparsers: Any) -> None:
@@ -58,6 +64,7 @@ def register(subparsers: Any) -> None:
                               description="One-shot generation from a prompt, streamed to stdout.")
     add_sampling_args(p)
     add_kv_cache_arguments(p)
+    add_steering_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", default=None, help="prompt text")
     src.add_argument("--prompt-file", default=None, metavar="FILE", help="read the prompt from FILE")
@@ -128,11 +135,11 @@ class _ReferenceSession:
 class ReferenceEngine:
     """Engine-shaped wrapper of the numpy reference model (for tests and tiny models)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], steering=None) -> None:
         from ..reference import ReferenceModel
         from ..tokenizer import Tokenizer
 
-        self.model = ReferenceModel(path)
+        self.model = ReferenceModel(path, steering=steering)
         self.tokenizer = Tokenizer.from_gguf(path)
         self.info = SimpleNamespace(shape=self.model.shape)
 
@@ -161,13 +168,18 @@ def open_kv_cache(args: argparse.Namespace):
 
 
 def open_engine(args: argparse.Namespace):
+    """The engine the flags ask for (``--reference``: the numpy model), with ``--dir-steering-*``."""
+    from ..steering import from_args as steering_from_args
     from ..testing import default_model_path
 
     path = args.model if args.model is not None else default_model_path()
     if not os.path.exists(path):
         raise Ds4IOError(f"{path}: model file not found")
+    steering = steering_from_args(args)
     if args.reference:
-        return ReferenceEngine(path)
+        if getattr(args, "mtp", None) is not None:
+            raise InvalidArgumentError("--mtp needs the compiled engine (not --reference)")
+        return ReferenceEngine(path, steering)
     try:
         from ..engine import Engine
     except ModuleNotFoundError as e:
@@ -176,19 +188,37 @@ def open_engine(args: argparse.Namespace):
         raise InvalidArgumentError(
             "the compiled engine is not available in this build; pass --reference to run the numpy "
             "reference model (small models only)") from None
-    return Engine(path, threads=args.threads)
+    mtp = getattr(args, "mtp", None)
+    engine = Engine(path, threads=args.threads, mtp_path=mtp or None, steering=steering)
+    if mtp is not None and not engine.has_mtp:
+        raise InvalidArgumentError(f"--mtp: {path} embeds no MTP block; pass the MTP GGUF as --mtp FILE")
+    return engine
+
+
+def speculative_from_args(args: argparse.Namespace) -> int:
+    """Draft tokens per step for generate(speculative=...): 0 without --mtp."""
+    if getattr(args, "mtp", None) is None:
+        return 0
+    if not 1 <= args.mtp_draft <= 16:
+        raise InvalidArgumentError(f"--mtp-draft must be in 1..16, got {args.mtp_draft}")
+    return int(args.mtp_draft)
 
 
 # ---- terminal output -----------------------------------------------------------------------------
 
 
 class ProgressBar:
-    """A one-line stderr progress bar for long prefills (throttled; cleared when done)."""
+    """A one-line stderr progress bar for long prefills (throttled; cleared when done).
 
-    def __init__(self, stream=None, enabled: bool | None = None, min_total: int = 64) -> None:
+    ``label`` and ``unit`` name the work (other commands reuse it: ``bench``, ``perplexity``...).
+    """
+
+    def __init__(self, stream=None, enabled: bool | None = None, min_total: int = 64, label: str = "prefill",
+                 unit: str = "tokens") -> None:
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.min_total = min_total
+        self.label, self.unit = label, unit
         self._last = 0.0
         self._shown = False
 
@@ -201,13 +231,13 @@ class ProgressBar:
         self._last = now
         width = 30
         done = int(width * current / max(total, 1))
-        self.stream.write(f"\rprefill [{'#' * done}{'.' * (width - done)}] {current}/{total} tokens")
+        self.stream.write(f"\r{self.label} [{'#' * done}{'.' * (width - done)}] {current}/{total} {self.unit}")
         self.stream.flush()
         self._shown = True
 
     def close(self) -> None:
         if self._shown:
-            self.stream.write("\r" + " " * 70 + "\r")
+            self.stream.write("\r" + " " * max(70, 50 + len(self.label) + len(self.unit)) + "\r")
             self.stream.flush()
             self._shown = False
 
@@ -264,8 +294,10 @@ def store_shutdown(cache, session, engine, stream=None) -> None:
 
 def report_speed(fin) -> None:
     cached = f", {fin.usage.cached_tokens} reused" if fin.usage.cached_tokens else ""
+    drafted = getattr(fin.usage, "drafted_tokens", 0)
+    spec = f", {fin.usage.accepted_tokens}/{drafted} drafts accepted" if drafted else ""
     print(f"ds4: prefill: {fin.prefill_tps:.2f} t/s, generation: {fin.decode_tps:.2f} t/s "
-          f"({fin.usage.prompt_tokens} prompt{cached}, {fin.usage.completion_tokens} generated, "
+          f"({fin.usage.prompt_tokens} prompt{cached}, {fin.usage.completion_tokens} generated{spec}, "
           f"finish: {fin.finish_reason})", file=sys.stderr)
 
 
@@ -294,7 +326,8 @@ def run(args: argparse.Namespace) -> int:
         for ev in generate(engine, prompt=prompt, max_tokens=args.max_tokens, temperature=args.temp,
                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, stop=args.stop,
                            seed=args.seed, think=think_from_args(args), system=args.system or None,
-                           raw=args.raw, ctx=args.ctx, session=session, progress=bar, kv_cache=cache):
+                           raw=args.raw, ctx=args.ctx, session=session, progress=bar, kv_cache=cache,
+                           speculative=speculative_from_args(args)):
             if isinstance(ev, FinishEvent):
                 fin = ev
             else:

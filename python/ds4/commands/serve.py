@@ -1,6 +1,6 @@
 """``ds4 serve -m MODEL [--host H] [--port N] [-c CTX] ...``: the OpenAI/Anthropic HTTP server.
 
-Flags follow upstream's ``ds4-server`` (RUNTIME.md §9.8); the disk KV cache flags are those of
+Flags follow upstream's ``ds4-server`` (docs/runtime.md §9.8); the disk KV cache flags are those of
 :func:`ds4.kvcache.add_arguments` (``--kv-cache-dir`` / ``--kv-disk-dir`` enables it). Without
 ``-m`` the bundled tiny synthetic model is served (useful to try the API; its text is noise).
 """
@@ -32,6 +32,7 @@ def _positive(name: str):
 
 def register(subparsers: Any) -> None:
     from ..kvcache_cli import add_arguments
+    from ..steering import add_arguments as add_steering_arguments
 
     p = subparsers.add_parser("serve", help="run the OpenAI/Anthropic compatible HTTP server",
                               description="Serve a model over HTTP (OpenAI chat/completions, Anthropic "
@@ -68,6 +69,7 @@ def register(subparsers: Any) -> None:
                    help="append a human-readable trace of every request (prompt, output, cache decision) to FILE")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_arguments(p)
+    add_steering_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -77,7 +79,11 @@ def _open_engine(args: argparse.Namespace, path: str | os.PathLike[str]):
         if args.ray_address is not None:
             raise InvalidArgumentError("--ray-address needs --pipeline-stages N")
         from ..engine import Engine
-        return Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp)
+        from ..steering import from_args as steering_from_args
+        return Engine(path, backend=args.backend, threads=args.threads, mtp_path=args.mtp,
+                      steering=steering_from_args(args))
+    if args.dir_steering_file is not None:
+        raise InvalidArgumentError("--dir-steering-file needs a single engine; pipeline stages do not steer yet")
     if args.backend not in ("cpu", "auto"):
         raise InvalidArgumentError(f"--pipeline-stages runs CPU stages; --{args.backend} is not available for them")
     from ..distributed import PipelineEngine

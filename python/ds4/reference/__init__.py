@@ -1,7 +1,7 @@
 """Pure-numpy reference of the DeepSeek V4 forward pass: the oracle the C++ engine is tested against.
 
 Clarity over speed: one module per concept (quant formats, hyper-connections, RoPE, FP8/FP4,
-attention, compressor, indexer, MoE, output head, state), numerics as MODEL.md §3-§4 pins them.
+attention, compressor, indexer, MoE, output head, state), numerics as docs/model.md §3-§4 pins them.
 Only for small (synthetic) models: weights are dequantised to float32 in memory.
 
 Validated against upstream antirez/ds4's own CPU backend on the tiny synthetic model

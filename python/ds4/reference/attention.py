@@ -1,4 +1,4 @@
-"""The attention sublayer of one layer and one token (MODEL.md §3.2-§3.9).
+"""The attention sublayer of one layer and one token (docs/model.md §3.2-§3.9).
 
 Low-rank Q with its norms, the single shared K=V head, RoPE on the tails, the FP8 KV round trip,
 the raw sliding window, the compressors and the indexer, sink-aware softmax over raw and visible

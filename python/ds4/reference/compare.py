@@ -26,7 +26,7 @@ __all__ = ["LogitAgreement", "logit_agreement", "payload_fields", "FieldDiff", "
 
 @dataclass(frozen=True)
 class LogitAgreement:
-    """MODEL.md §9's measures over a batch of logit rows (each row centred on its mean first)."""
+    """docs/model.md §9's measures over a batch of logit rows (each row centred on its mean first)."""
 
     max_abs: float
     p99_abs: float

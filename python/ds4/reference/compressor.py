@@ -1,4 +1,4 @@
-"""The learned KV compressor of ratio-4 and ratio-128 layers (MODEL.md §3.7).
+"""The learned KV compressor of ratio-4 and ratio-128 layers (docs/model.md §3.7).
 
 Every token writes its kv projection and its gate score (+ APE) into one frontier slot. When
 ``p+1`` crosses a ratio boundary the window is pooled with a per-dimension softmax over the slot
@@ -44,7 +44,7 @@ def compressor_write(st: CompressorState, w: CompressorWeights, a: np.ndarray, p
     """Steps 1-3: project ``a`` and store kv / score(+APE) in the slot of ``pos``."""
     ratio = st.ratio
     pos_mod = pos % ratio
-    kv = w.kv.matvec(a)      # F16 weights: float activation (MODEL.md §4.2)
+    kv = w.kv.matvec(a)      # F16 weights: float activation (docs/model.md §4.2)
     sc = w.gate.matvec(a)
     sc = (sc + w.ape.values[pos_mod]).astype(np.float32)
     row = ratio + pos_mod if ratio == 4 else pos_mod

@@ -1,4 +1,4 @@
-"""Hadamard-128 rotation and FP4 (E2M1) round trip of indexer rows (MODEL.md §4.5)."""
+"""Hadamard-128 rotation and FP4 (E2M1) round trip of indexer rows (docs/model.md §4.5)."""
 
 from __future__ import annotations
 

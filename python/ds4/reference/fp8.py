@@ -1,4 +1,4 @@
-"""FP8 E4M3FN round trip of KV rows (MODEL.md §3.5).
+"""FP8 E4M3FN round trip of KV rows (docs/model.md §3.5).
 
 Dims ``0 .. n_nope-1`` of a row are quantised in blocks of 64 with a power-of-two scale; the RoPE
 tail is left alone. The nearest E4M3 code wins and an exact tie goes to the even code.

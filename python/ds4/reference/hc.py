@@ -1,4 +1,4 @@
-"""Hyper-connections: the ``n_hc`` residual streams around every sublayer (MODEL.md §3.1, §3.9, §3.11).
+"""Hyper-connections: the ``n_hc`` residual streams around every sublayer (docs/model.md §3.1, §3.9, §3.11).
 
 * :func:`hc_pre` mixes the streams into one sublayer input and produces the post gates and the
   Sinkhorn-normalised ``n_hc × n_hc`` combine matrix;
@@ -33,7 +33,7 @@ class HcSplit:
 
 
 def sinkhorn(logits: np.ndarray, iters: int, eps: float) -> np.ndarray:
-    """Sinkhorn normalisation with upstream's exact iteration structure (MODEL.md §3.1 step 4).
+    """Sinkhorn normalisation with upstream's exact iteration structure (docs/model.md §3.1 step 4).
 
     Row softmax (+eps), then a column normalisation, then ``iters-1`` rounds of row then column
     normalisation. Every normalisation multiplies by a precomputed reciprocal ``1/(sum+eps)``.

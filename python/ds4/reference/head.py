@@ -1,4 +1,4 @@
-"""The output head: HC collapse, final RMSNorm and the vocabulary projection (MODEL.md §3.11)."""
+"""The output head: HC collapse, final RMSNorm and the vocabulary projection (docs/model.md §3.11)."""
 
 from __future__ import annotations
 

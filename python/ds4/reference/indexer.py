@@ -1,4 +1,4 @@
-"""The ratio-4 indexer: which compressed rows a query may attend to (MODEL.md §3.6).
+"""The ratio-4 indexer: which compressed rows a query may attend to (docs/model.md §3.6).
 
 Only when there are more compressed rows than ``top_k`` does any indexer math run. Then each
 compressed indexer row gets the score ``Σ_h relu(dot(K_c, q_h))·w[h]`` (``q_h`` the RoPE'd,

@@ -1,4 +1,4 @@
-"""The reference model: GGUF in, logits out, one token at a time (MODEL.md §3.0, §5.1, §7).
+"""The reference model: GGUF in, logits out, one token at a time (docs/model.md §3.0, §5.1, §7).
 
     >>> m = ReferenceModel("tiny.gguf")          # doctest: +SKIP
     >>> st = m.new_state(ctx=512)                # doctest: +SKIP
@@ -6,8 +6,8 @@
     >>> logits = m.decode(st, int(logits.argmax()))  # doctest: +SKIP
 
 Prefill runs exactly the per-token decode math for each prompt token in order (upstream's CPU
-prefill computes the same math, MODEL.md §5.1), then applies the after-prefill frontier reset
-(RUNTIME.md §5.1). Chunking a prefill therefore cannot change logits or state.
+prefill computes the same math, docs/model.md §5.1), then applies the after-prefill frontier reset
+(docs/runtime.md §5.1). Chunking a prefill therefore cannot change logits or state.
 
 Tracing: pass a dict as ``trace`` and every processed token appends its intermediate values to
 ``trace[key]`` (a list, one entry per token, in order). Keys: ``embd``; per layer ``blk.N.<name>``
@@ -16,7 +16,9 @@ with names ``hc_attn`` / ``hc_ffn`` (:class:`~ds4.reference.hc.HcSplit`), ``attn
 ``allowed``, ``indexer_scores``, ``indexer_selected``, ``heads``, ``attn_out``, ``after_attn``,
 ``ffn_in``, ``ffn_norm``, ``router_probs``, ``experts``, ``expert_weights``, ``expert_mid``,
 ``moe_out``, ``shared_out``, ``ffn_out``, ``out``; then ``head_collapse``, ``head_norm``,
-``logits`` (the head entries only for tokens whose logits are computed). ``q`` and ``kv`` are
+``logits`` (the head entries only for tokens whose logits are computed). ``attn_out`` and
+``ffn_out`` are the vectors HC post consumes, i.e. after directional steering when
+``ReferenceModel.steering`` is set (:mod:`ds4.steering`; the MTP block is never steered). ``q`` and ``kv`` are
 after RoPE (``kv`` also after the FP8 round trip, before the cache's F16 round trip); ``heads``
 after the inverse RoPE; ``comp_row`` / ``index_row`` are None on tokens that close no window;
 ``allowed`` is None while every compressed row is visible. The MTP block records ``mtp.<name>``.
@@ -41,7 +43,7 @@ from .rope import RopeParams, rope_params
 from .state import LayerState, ReferenceState
 from .weights import Tensor, TensorFile, read_swiglu_clamps
 
-__all__ = ["LayerWeights", "layer_forward", "ReferenceModel"]
+__all__ = ["LayerWeights", "LayerSteering", "layer_forward", "steer", "ReferenceModel"]
 
 
 @dataclass
@@ -70,21 +72,43 @@ def _hc_pre(streams: np.ndarray, fn: Tensor, scale: Tensor, base: Tensor, s: Mod
     return hc_pre(streams, fn.values, scale.values, base.values, s.sinkhorn_iters, s.rms_eps, s.hc_eps)
 
 
+def steer(y: np.ndarray, direction: np.ndarray, scale: float) -> np.ndarray:
+    """Directional steering of one layer output: ``y - scale * (d . y) * d`` (MODEL.md §3.9 step 4)."""
+    if scale == 0.0:
+        return y
+    coeff = np.float32(scale * float(np.dot(y.astype(np.float64), direction.astype(np.float64))))
+    return (y - coeff * direction).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class LayerSteering:
+    """One layer's steering direction and the attention-output / FFN-output scales."""
+
+    direction: np.ndarray
+    attn: float
+    ffn: float
+
+
 def layer_forward(w: LayerWeights, ls: LayerState, streams: np.ndarray, pos: int, token: int,
-                  s: ModelShape, rope: RopeParams, clamp: float, trace: dict | None = None) -> np.ndarray:
+                  s: ModelShape, rope: RopeParams, clamp: float, trace: dict | None = None,
+                  steering: LayerSteering | None = None) -> np.ndarray:
     """One decoder layer for one token: HC pre, attention, HC post, HC pre, FFN, HC post."""
     x, split = _hc_pre(streams, w.hc_attn_fn, w.hc_attn_scale, w.hc_attn_base, s)
     a = rms_norm(x, w.attn.norm.values, s.rms_eps)
     attn_out = attention_core(w.attn, a, ls, pos, s, rope, trace)
+    if steering is not None:
+        attn_out = steer(attn_out, steering.direction, steering.attn)
     after_attn = hc_post(attn_out, streams, split)
 
     x2, split2 = _hc_pre(after_attn, w.hc_ffn_fn, w.hc_ffn_scale, w.hc_ffn_base, s)
     n = rms_norm(x2, w.ffn.norm.values, s.rms_eps)
     f = ffn_core(w.ffn, n, token, s, clamp, trace)
+    if steering is not None:
+        f = steer(f, steering.direction, steering.ffn)
     out = hc_post(f, after_attn, split2)
     if trace is not None:
-        trace.update(hc_attn=split, attn_in=x, attn_norm=a, after_attn=after_attn, hc_ffn=split2,
-                     ffn_in=x2, ffn_norm=n, ffn_out=f, out=out)
+        trace.update(hc_attn=split, attn_in=x, attn_norm=a, attn_out=attn_out, after_attn=after_attn,
+                     hc_ffn=split2, ffn_in=x2, ffn_norm=n, ffn_out=f, out=out)
     return out
 
 
@@ -99,10 +123,11 @@ class ReferenceModel:
     """A DS4 GGUF model evaluated in numpy (small models only: weights are dequantised in memory).
 
     ``mtp_path`` names a separate GGUF holding the ``mtp.0.*`` block; without it the block is
-    taken from the main file when present there.
+    taken from the main file when present there. ``steering`` (a :class:`ds4.steering.Steering`,
+    settable later as the ``steering`` attribute) edits every layer's attention/FFN output.
     """
 
-    def __init__(self, path: str | Path, mtp_path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path, mtp_path: str | Path | None = None, steering=None) -> None:
         from ..inspection import inspect  # validates metadata and tensor layout, header only
 
         info = inspect(path)
@@ -124,6 +149,22 @@ class ReferenceModel:
         self.mtp = MtpWeights.load(mtp_file) if mtp_file.has("mtp.0.e_proj.weight") else None
         if mtp_path is not None and self.mtp is None:
             raise ModelFormatError(f"{mtp_path}: no mtp.0.* tensors found")
+        self.steering = steering
+
+    @property
+    def steering(self):
+        """The :class:`ds4.steering.Steering` applied to every layer (None: off)."""
+        return self._steering
+
+    @steering.setter
+    def steering(self, value) -> None:
+        self._steering = value.for_shape(self.shape) if value is not None else None
+
+    def _layer_steering(self, il: int) -> LayerSteering | None:
+        st = self._steering
+        if st is None or not st.active:
+            return None
+        return LayerSteering(st.directions[il], st.attn, st.ffn)
 
     def _check_layout(self) -> None:
         """Fail early, naming the tensor, on the size mismatches that would break the math."""
@@ -163,7 +204,7 @@ class ReferenceModel:
         for il, lw in enumerate(self.layers):
             lt = {} if trace is not None else None
             streams = layer_forward(lw, st.layers[il], streams, pos, token, s, self.ropes[il],
-                                    self.clamps[il], lt)
+                                    self.clamps[il], lt, self._layer_steering(il))
             _record(trace, f"blk.{il}.", lt or {})
         st.tokens.append(int(token))
         st.hidden = streams
@@ -203,7 +244,7 @@ class ReferenceModel:
     # ---- MTP ----
     def mtp_step(self, st: ReferenceState, hidden: np.ndarray, token: int, pos: int,
                  trace: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """One MTP draft step (MODEL.md §3.12): returns ``(logits, hc_out)``."""
+        """One MTP draft step (docs/model.md §3.12): returns ``(logits, hc_out)``."""
         if self.mtp is None:
             raise InvalidArgumentError("this model has no MTP block (mtp.0.* tensors)")
         from .mtp import mtp_step

@@ -1,4 +1,4 @@
-"""The FFN sublayer: routed mixture of experts plus the shared expert (MODEL.md §3.10).
+"""The FFN sublayer: routed mixture of experts plus the shared expert (docs/model.md §3.10).
 
 Router probabilities are ``sqrt(softplus(gate_inp·n))``. Hash layers (those with a
 ``ffn_gate_tid2eid`` table) take their experts from the table row of the input token; the others

@@ -1,4 +1,4 @@
-"""The MTP (multi-token prediction) draft block (MODEL.md §3.12).
+"""The MTP (multi-token prediction) draft block (docs/model.md §3.12).
 
 One step takes a token ``t``, a position ``pos`` and the previous HC state ``Hprev``:
 ``e' = e_proj·RMSNorm(embd[t]; enorm)`` is added to ``h_proj·RMSNorm(Hprev[s]; hnorm)`` of each

@@ -1,4 +1,4 @@
-"""Scalar float32 building blocks shared by every part of the reference (MODEL.md §4.3-§4.4).
+"""Scalar float32 building blocks shared by every part of the reference (docs/model.md §4.3-§4.4).
 
 Upstream computes in float32 with libm's ``expf``/``sinf``/... (correctly rounded in nearly every
 case on glibc). The reference evaluates those functions in float64 and rounds once to float32,
@@ -78,7 +78,7 @@ def f16_round(x) -> np.ndarray:
 
 
 def rms_scale(x: np.ndarray, eps: float) -> np.float32:
-    """``1/sqrtf((float)(Σ(double)x² / n) + eps)`` over all of ``x`` (MODEL.md §4.3)."""
+    """``1/sqrtf((float)(Σ(double)x² / n) + eps)`` over all of ``x`` (docs/model.md §4.3)."""
     xd = f32(x).astype(np.float64).reshape(-1)
     ss = float(np.dot(xd, xd))
     mean = np.float32(ss / xd.size)

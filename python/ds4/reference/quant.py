@@ -2,14 +2,14 @@
 
 Weights are dequantised exactly (``gguf.quants.dequantize``: every quant format used by DS4 gives
 float32 values that are exact products of its stored fields). Activations are quantised the way the
-CPU kernel quantises them before the integer dot (MODEL.md §4.2):
+CPU kernel quantises them before the integer dot (docs/model.md §4.2):
 
 * Q8_0 weights see Q8_0 activations, one scale per 32 values, ``d = amax/127`` kept in float32
   (**not** rounded to f16 as ggml would);
 * k-quant / i-quant weights (Q2_K, Q4_K, IQ2_XXS, ...) see Q8_K activations, 256 per block;
 * F16 / BF16 / F32 weights see the float activation unchanged.
 
-Products are then accumulated in float64 (MODEL.md §4.6 recommends exact block sums or double
+Products are then accumulated in float64 (docs/model.md §4.6 recommends exact block sums or double
 accumulation and warns against float32 BLAS of dequantised values) and returned as float32.
 
     >>> import numpy as np
@@ -79,7 +79,7 @@ def dequantize_q8_0_act(d: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q8_K quantisation (ggml ``quantize_row_q8_K``, MODEL.md §4.1).
+    """Q8_K quantisation (ggml ``quantize_row_q8_K``, docs/model.md §4.1).
 
     Per block of 256: ``max`` is the signed value of the *first* element with the largest |x|;
     ``iscale = -127/max``, ``q = clamp(rint(iscale*x), -128, 127)``, ``d = 1/iscale`` (so the
@@ -110,7 +110,7 @@ def _as_qtype(qtype: int | GGMLQuantizationType) -> GGMLQuantizationType:
 
 
 def act_type_for(qtype: int | GGMLQuantizationType) -> GGMLQuantizationType:
-    """Activation format the CPU dot uses against a weight of ``qtype`` (MODEL.md §4.2)."""
+    """Activation format the CPU dot uses against a weight of ``qtype`` (docs/model.md §4.2)."""
     qt = _as_qtype(qtype)
     if qt in _FLOAT_TYPES:
         return _Q.F32

@@ -1,4 +1,4 @@
-"""RoPE / YaRN on the trailing ``n_rot`` dims of each head (MODEL.md §3.4).
+"""RoPE / YaRN on the trailing ``n_rot`` dims of each head (docs/model.md §3.4).
 
 Pairs are adjacent elements of the tail (interleaved, GPT-J style). The per-pair angle is built by
 repeated float32 multiplication (``theta *= theta_scale``), not ``powf`` per pair. Compressed

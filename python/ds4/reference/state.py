@@ -1,6 +1,6 @@
 """Per-session state of the reference model, laid out like the engine's and the DSV4 payload's.
 
-For every layer (MODEL.md §3.0, RUNTIME.md §5.1):
+For every layer (docs/model.md §3.0, docs/runtime.md §5.1):
 
 * ``raw``: the sliding window, ``raw_cap = min(n_swa, ctx)`` rows, oldest first; once full a push
   drops the oldest row. Rows are stored F16-rounded.
@@ -8,7 +8,7 @@ For every layer (MODEL.md §3.0, RUNTIME.md §5.1):
   attention compressor frontier ``attn`` (kv 0 / score NEG, ``coff·ratio`` rows × ``coff·head_dim``).
 * ratio == 4: the indexer rows ``index_comp`` and the indexer frontier ``index``.
 
-:meth:`ReferenceState.payload_arrays` yields every array in DSV4 payload order (RUNTIME.md §6.1)
+:meth:`ReferenceState.payload_arrays` yields every array in DSV4 payload order (docs/runtime.md §6.1)
 and :meth:`ReferenceState.to_payload` serialises them, so a saved engine session can be compared
 with the reference byte for byte.
 """
@@ -38,7 +38,7 @@ PAYLOAD_VERSION = 1
 
 
 def default_prefill_cap(ctx: int) -> int:
-    """Header field 3 as upstream writes it: ``min(ctx, 2048)`` (RUNTIME.md §6.1)."""
+    """Header field 3 as upstream writes it: ``min(ctx, 2048)`` (docs/runtime.md §6.1)."""
     return ctx if ctx <= 2048 else 2048
 
 
@@ -65,7 +65,7 @@ class CompressorState:
         self.score[start:end] = NEG
 
     def finish_prefill(self, n_tokens: int) -> None:
-        """Reset the slots the next window has not written yet (RUNTIME.md §5.1).
+        """Reset the slots the next window has not written yet (docs/runtime.md §5.1).
 
         Numerically a no-op (those slots are written before they are pooled); it makes the
         frontier equal to the engine's after a prefill so saved states compare byte for byte.
@@ -113,7 +113,7 @@ class LayerState:
         if self.ratio == 4:
             self.index = CompressorState(self.ratio, self.indexer_head_dim)
 
-    # ---- pushes (each stores the F16 round trip, MODEL.md §4.4) ----
+    # ---- pushes (each stores the F16 round trip, docs/model.md §4.4) ----
     def push_raw(self, row: np.ndarray) -> None:
         if self.n_raw == self.raw_cap:
             self.raw[:-1] = self.raw[1:]
@@ -149,7 +149,7 @@ class LayerState:
         return self.index_comp[:self.n_index_comp]
 
     def payload_arrays(self) -> list[tuple[str, np.ndarray]]:
-        """This layer's arrays in payload order (RUNTIME.md §6.1 step 5)."""
+        """This layer's arrays in payload order (docs/runtime.md §6.1 step 5)."""
         p = f"layer{self.il}"  # section names as ds4.payload.payload_sections gives them
         out = [(f"{p}.raw", self.raw_rows)]
         if self.ratio:
@@ -200,7 +200,7 @@ class ReferenceState:
         return self.ctx // 4 + 2
 
     def finish_prefill(self) -> None:
-        """Apply the after-prefill frontier reset of every compressor (RUNTIME.md §5.1)."""
+        """Apply the after-prefill frontier reset of every compressor (docs/runtime.md §5.1)."""
         for ls in self.layers:
             if ls.attn is not None:
                 ls.attn.finish_prefill(self.pos)
@@ -224,7 +224,7 @@ class ReferenceState:
     to_payload_arrays = payload_arrays  # the name the C++ comparison tests use
 
     def payload_header(self, prefill_cap: int | None = None) -> tuple[int, ...]:
-        """The 13 u32 header fields (RUNTIME.md §6.1)."""
+        """The 13 u32 header fields (docs/runtime.md §6.1)."""
         s = self.shape
         cap = default_prefill_cap(self.ctx) if prefill_cap is None else prefill_cap
         live = min(self.raw_cap, self.pos)

@@ -89,6 +89,7 @@ class ServerConfig:
     trace: Any = None  # a text stream: human-readable trace of every request (prompt, output, cache)
     api_key: str | None = None  # required as Bearer token or x-api-key on every endpoint but /health
     max_body: int = MAX_BODY  # bytes; a larger request body is answered 413
+    mtp_draft: int = 0  # speculative decoding: MTP drafts per step (0: off; docs/speculative.md)
 
 
 class Service:
@@ -105,6 +106,7 @@ class Service:
         fallback = kv_cache.tool_maps if kv_cache is not None and max_ids > 0 else None
         self.worker = Worker(engine, config.ctx, config.default_tokens, kv_cache, ToolMemory(max_ids, fallback),
                              trace=config.trace, metrics=self.metrics)
+        self.worker.mtp_draft = config.mtp_draft
         self._started = self._stopped = False
 
     def start(self) -> None:

@@ -44,7 +44,8 @@ from ..chat_template import EOS as EOS_TEXT, THINK_END, THINK_START, forced_tool
 from ..dsml import DsmlTracker, ToolCall, parse_generated
 from ..errors import Ds4Error
 from ..decoding import StopMatcher, TokenPicker, ToolBlockWatch
-from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng
+from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, SamplingParams
+from ..speculative import Speculator
 from . import shapes
 from .metrics import JobStats, Metrics
 from .protocol import Request
@@ -140,6 +141,8 @@ class Worker:
         self._responses_live: tuple[bytes, int] | None = None  # same, after a Responses turn
         self.live = LiveBindings()
         self.trace = trace  # a text stream for a human-readable per-request trace (--trace)
+        self.mtp_draft = 0  # speculative decoding: MTP drafts per step (ServerConfig.mtp_draft)
+        self.drafted = self.accepted = 0  # of the last request
 
     # ---- queue ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -439,8 +442,9 @@ class Worker:
             self._canonicalize(req, content or "", reasoning, calls)
         self._trace(f"--- generated ({completion} tokens, finish={finish}{', error=' + err if err else ''})\n"
                     f"{final_text}\n" + "".join(f"--- call {i} {c.name} {c.arguments}\n" for i, c in zip(ids, calls)))
-        log.info("ds4-server: %s gen=%d finish=%s%s %.3fs", req.kind, completion, finish,
-                 f' error="{err}"' if err else "", time.monotonic() - t0)
+        log.info("ds4-server: %s gen=%d finish=%s%s%s %.3fs", req.kind, completion, finish,
+                 f' error="{err}"' if err else "",
+                 f" mtp drafted={self.drafted} accepted={self.accepted}" if self.drafted else "", time.monotonic() - t0)
         return res
 
     def _remember_responses(self, req: Request, finish: str, content: str, reasoning: str | None, calls,
@@ -541,28 +545,51 @@ class Worker:
         # the model (evaluated, not sampled), so the turn can only continue as that tool call
         force_pending = tools_live and req.forced_tool is not None
         self.last_stop: bytes | None = None
+        # Speculative decoding (not with tools, logprobs, logit bias or penalties: they act per
+        # token): a cycle commits the picked token plus accepted drafts, emitted by the next
+        # iterations without another eval (``queued``); a resampled rejection becomes the next token.
+        spec = None
+        if self.mtp_draft > 0 and self.engine.has_mtp and not tools_live and self.last_logprobs is None \
+                and not picker.adjusts:
+            spec = Speculator(self.mtp_draft)
+        queued: list[int] = []
+        resampled = None
 
-        while not self.stopping and completion < max_tokens and s.pos < self.ctx:
+        while not self.stopping and completion < max_tokens and (queued or s.pos < self.ctx):
             if sink.failed:  # the client went away (streamed or not): stop generating for it
                 finish, err = "error", "client disconnected"
                 break
             if force_pending and not (req.thinking and thinking.inside):
                 force_pending = False
                 picker.force(self.tok.encode_rendered(forced_tool_opening(req.forced_tool)))
-            if (self.kv is not None and not (tools_live and ((watch is not None and watch.opened) or dsml.in_tool))
+            if (self.kv is not None and not queued
+                    and not (tools_live and ((watch is not None and watch.opened) or dsml.in_tool))
                     and self.kv.continued_target(s.pos)):
                 self.kv.maybe_store_continued(s, self.engine, **self._store_kw())
-            token = picker.pick(s.logits)
+            from_queue = bool(queued)
+            if from_queue:
+                token = queued.pop(0)   # evaluated by the last cycle
+            elif resampled is not None:
+                token, resampled = resampled, None
+            else:
+                token = picker.pick(s.logits)
             if token == eos:
                 finish = "stop"
                 break
             if self.last_logprobs is not None:
                 self.last_logprobs.append((token, picker.logprob, [(t.id, t.logprob) for t in picker.tops]))
-            try:
-                s.eval(token)
-            except Ds4Error as e:
-                finish, err = "error", f"decode failed: {e}"
-                break
+            if not from_queue:
+                try:
+                    if spec is None:
+                        s.eval(token)
+                    else:
+                        spec.n = min(self.mtp_draft, max_tokens - completion - 1)
+                        cyc = spec.cycle(s, token, SamplingParams(temperature, top_k, top_p, min_p), picker.rng,
+                                         stop=eos)
+                        queued, resampled = list(cyc.committed[1:]), cyc.next_token
+                except Ds4Error as e:
+                    finish, err = "error", f"decode failed: {e}"
+                    break
             completion += 1
             piece = self.tok.token_to_bytes(token)
             text += piece
@@ -593,6 +620,7 @@ class Worker:
                 finish = "tool_calls"
                 break
 
+        self.drafted, self.accepted = (spec.drafted, spec.accepted) if spec is not None else (0, 0)
         if self.stopping and finish != "error":
             finish, err = "error", "shutdown requested"
         if watch is not None and watch.opened and finish not in ("error", "tool_calls"):

@@ -5,7 +5,7 @@
     >>> p.stat().st_size > 1_000_000
     True
 
-``write_model`` writes every metadata key and tensor upstream binds (MODEL.md §1-§2), with seeded
+``write_model`` writes every metadata key and tensor upstream binds (docs/model.md §1-§2), with seeded
 weights scaled so activations stay finite through every layer. ``PRESETS`` names shapes ("tiny" is
 the shape upstream's own validation used); ``shapes()`` is a hypothesis strategy over valid small
 shapes; ``cached_model`` / ``default_model_path`` keep generated files in the user cache dir.

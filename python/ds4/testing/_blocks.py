@@ -1,4 +1,4 @@
-"""Seeded random weights in ggml block formats (MODEL.md §4.1), scaled to a target std.
+"""Seeded random weights in ggml block formats (docs/model.md §4.1), scaled to a target std.
 
 Q8_0 is quantised from gaussian weights (gguf.quants). gguf cannot quantise Q2_K, Q4_K or IQ2_XXS,
 so for those we draw valid random blocks directly: random codes with f16 block scales chosen so the

@@ -9,7 +9,7 @@ from ..shape import FLASH, PRO, ModelShape, flash_ratios, pro_ratios
 
 __all__ = ["PRESETS", "preset", "shapes"]
 
-# The shape upstream's validation used (MODEL.md §9), with the real Flash scalar hyper-parameters.
+# The shape upstream's validation used (docs/model.md §9), with the real Flash scalar hyper-parameters.
 TINY = ModelShape(
     n_layer=4, n_embd=256, n_vocab=512, n_head=8, head_dim=256, n_rot=64, n_out_group=2,
     q_lora_rank=128, o_lora_rank=128, n_expert=8, n_expert_used=2, n_ff_exp=256,

@@ -1,7 +1,7 @@
 """Vocabularies for synthetic models: a small byte-level BPE, or the real DeepSeek V4 tokenizer.
 
-Both use the GPT-2 byte-level alphabet (RUNTIME.md §1.3) and carry every special token the engine
-looks up by text (RUNTIME.md §1.2), so ``ds4.Tokenizer`` works on any synthetic model.
+Both use the GPT-2 byte-level alphabet (docs/runtime.md §1.3) and carry every special token the engine
+looks up by text (docs/runtime.md §1.2), so ``ds4.Tokenizer`` works on any synthetic model.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Vocab:
 
 @functools.lru_cache(maxsize=None)
 def byte_to_unicode() -> dict[int, str]:
-    """GPT-2 byte -> printable character map (RUNTIME.md §1.3)."""
+    """GPT-2 byte -> printable character map (docs/runtime.md §1.3)."""
     printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
     table: dict[int, str] = {b: chr(b) for b in printable}
     extra = 0

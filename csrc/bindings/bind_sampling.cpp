@@ -1,0 +1,65 @@
+// ds4._core sampling functions over 1-D float32 logits (ds4.sampling wraps them; parameters are
+// normalised there). The RNG state travels in and out as an integer so ds4.sampling.Rng stays the
+// one owner of it. One Sampler (scratch buffers) per thread.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "sampling/sampler.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using Logits = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+ds4::Sampler& thread_sampler() {
+    thread_local ds4::Sampler s;
+    return s;
+}
+
+ds4::SamplerParams params(float t, long long k, float p, float mp) {
+    ds4::SamplerParams sp;
+    sp.temperature = t;
+    sp.top_k = (int)std::max(-1LL, std::min(k, 1LL << 30));
+    sp.top_p = p;
+    sp.min_p = mp;
+    return sp;
+}
+
+}  // namespace
+
+void init_sampling(py::module_& m) {
+    m.def("sample",
+          [](const Logits& logits, float t, long long k, float p, float mp, uint64_t state) {
+              const float* a = logits.data();
+              const int64_t n = logits.size();
+              const ds4::SamplerParams sp = params(t, k, p, mp);
+              int32_t tok;
+              {
+                  py::gil_scoped_release nogil;
+                  tok = thread_sampler().sample(a, n, sp, state);
+              }
+              return std::make_pair(tok, state);
+          },
+          py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
+          py::arg("rng_state"));
+    m.def("sample_probabilities",
+          [](const Logits& logits, float t, long long k, float p, float mp) {
+              const int64_t n = logits.size();
+              py::array_t<float> out(n);
+              const float* a = logits.data();
+              float* o = out.mutable_data();
+              const ds4::SamplerParams sp = params(t, k, p, mp);
+              {
+                  py::gil_scoped_release nogil;
+                  thread_sampler().probabilities(a, n, sp, o);
+              }
+              return out;
+          },
+          py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"));
+    m.def("argmax", [](const Logits& logits) { return ds4::argmax_logits(logits.data(), logits.size()); },
+          py::arg("logits"));
+}

@@ -1,0 +1,47 @@
+// exp_weights for AVX-512: 8 doubles per vector, the table lookup as two-register permutes. The
+// operations and their order are exp_nonpositive's (exp_weights.inc), so the bits are the same.
+#include <immintrin.h>
+
+#include "sampling/exp_weights.h"
+#include "sampling/exp_weights.inc"
+
+namespace ds4 {
+
+void exp_weights_avx512(const float* x, float* w, int64_t n) {
+    const __m512d lo_tab0 = _mm512_load_pd(kExp2Table), lo_tab1 = _mm512_load_pd(kExp2Table + 8);
+    const __m512d hi_tab0 = _mm512_load_pd(kExp2Table + 16), hi_tab1 = _mm512_load_pd(kExp2Table + 24);
+    const __m512d clamp = _mm512_set1_pd(-120.0), inv = _mm512_set1_pd(46.166241308446828384);
+    const __m512d shifter = _mm512_set1_pd(6755399441055744.0);
+    const __m512d ln_hi = _mm512_set1_pd(0.693147180369123816490 / 32.0);
+    const __m512d ln_lo = _mm512_set1_pd(1.90821492927058770002e-10 / 32.0);
+    const __m512d c6 = _mm512_set1_pd(1.0 / 720.0), c5 = _mm512_set1_pd(1.0 / 120.0), c4 = _mm512_set1_pd(1.0 / 24.0);
+    const __m512d c3 = _mm512_set1_pd(1.0 / 6.0), c2 = _mm512_set1_pd(0.5), one = _mm512_set1_pd(1.0);
+    const __m512i bias = _mm512_set1_epi64((long long)(0x4338000000000000ull - 1023u * 32u));
+    const __m512i five_bits = _mm512_set1_epi64(31), bit4 = _mm512_set1_epi64(16);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        v = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(v, clamp, _CMP_LT_OQ), v, clamp);
+        const __m512d kshift = _mm512_add_pd(_mm512_mul_pd(v, inv), shifter);
+        const __m512d k = _mm512_sub_pd(kshift, shifter);
+        const __m512d r = _mm512_sub_pd(_mm512_sub_pd(v, _mm512_mul_pd(k, ln_hi)), _mm512_mul_pd(k, ln_lo));
+        __m512d p = c6;
+        p = _mm512_add_pd(_mm512_mul_pd(p, r), c5);
+        p = _mm512_add_pd(_mm512_mul_pd(p, r), c4);
+        p = _mm512_add_pd(_mm512_mul_pd(p, r), c3);
+        p = _mm512_add_pd(_mm512_mul_pd(p, r), c2);
+        p = _mm512_add_pd(_mm512_mul_pd(p, r), one);
+        p = _mm512_add_pd(_mm512_mul_pd(p, r), one);
+        const __m512i u = _mm512_sub_epi64(_mm512_castpd_si512(kshift), bias);
+        const __m512i j = _mm512_and_si512(u, five_bits);
+        const __m512d t_lo = _mm512_permutex2var_pd(lo_tab0, j, lo_tab1);   // entries j & 15 of 0..15
+        const __m512d t_hi = _mm512_permutex2var_pd(hi_tab0, j, hi_tab1);   // ... of 16..31
+        const __mmask8 upper = _mm512_test_epi64_mask(j, bit4);
+        const __m512d t = _mm512_mask_blend_pd(upper, t_lo, t_hi);
+        const __m512d scale = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_srli_epi64(u, 5), 52));
+        _mm256_storeu_ps(w + i, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(p, t), scale)));
+    }
+    exp_weights_generic(x + i, w + i, n - i);
+}
+
+}  // namespace ds4

@@ -1,0 +1,63 @@
+// Token sampling with upstream's filter order, RNG and float32 arithmetic (docs/sampling.md):
+// temperature <= 0 (or NaN) is argmax; otherwise top-k (k clamped to 1024 and the vocabulary) or
+// the whole vocabulary, then min-p and top-p over the candidates sorted by logit (ties: lower id
+// first), then one uniform draw walked down the kept weights in float32. The same seed picks the
+// same token as upstream and as a literal scalar transcription of these rules.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace ds4 {
+
+struct SamplerParams {
+    float temperature = 1.0f;
+    int top_k = 0;
+    float top_p = 1.0f;
+    float min_p = 0.05f;
+};
+
+// The distribution one draw picks from: `count` candidates in walk order (ids, or token i itself
+// when ids is null) with float32 weights summing (sequentially, in walk order) to `sum`.
+// draw == false: no draw happens and the pick is `no_draw` (argmax, or a degenerate total).
+struct Candidates {
+    bool draw = false;
+    int32_t no_draw = 0;
+    int32_t after_walk = 0;     // the pick when rounding lets the walk run off the end
+    const int32_t* ids = nullptr;
+    const float* w = nullptr;
+    int64_t count = 0;
+    float sum = 0.0f;
+    int32_t id(int64_t i) const { return ids ? ids[i] : (int32_t)i; }
+};
+
+// First index of the largest logit; NaN never wins; 0 when no logit exceeds -1e30 (upstream).
+int32_t argmax_logits(const float* logits, int64_t n);
+
+// Owns the scratch buffers (whole-vocabulary arrays are reused between calls); one per thread.
+class Sampler {
+public:
+    // The candidates and weights the parameters select (valid until the next call).
+    const Candidates& select(const float* logits, int64_t n, const SamplerParams& p);
+    // One pick; consumes exactly one RNG draw when a draw happens, none otherwise.
+    int32_t sample(const float* logits, int64_t n, const SamplerParams& p, uint64_t& rng_state);
+    // The probability of every token under the draw (weight / sum; 1 at the pick when no draw
+    // happens): probs gets n floats. Speculative sampling compares these for target and draft.
+    void probabilities(const float* logits, int64_t n, const SamplerParams& p, float* probs);
+
+private:
+    void select_full(const float* a, int64_t n, float t, float top_p, float min_p);
+    void select_top_k(const float* a, int64_t n, float t, int64_t k, float top_p, float min_p);
+    // Keeps the prefix of the sorted candidates (ids_/w_) that min-p and top-p let through;
+    // false when neither filter stopped inside the list.
+    bool filter_sorted(float total, float top_p, float min_p, bool list_is_everything);
+    void top_sorted(const float* a, int64_t n, int64_t m);   // ids_ = m best finite, sorted
+
+    Candidates c_;
+    std::vector<float> x_, wall_, w_;
+    std::vector<int32_t> ids_, tmp_ids_;
+    std::vector<uint64_t> keys_, tmp_keys_;
+    std::vector<float> vals_;
+    std::vector<uint32_t> counts_;
+};
+
+}  // namespace ds4
