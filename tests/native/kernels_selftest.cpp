@@ -15,6 +15,7 @@
 
 #include "quant/dot_kernels.h"
 #include "quant/kernels.h"
+#include "quant/simd.h"
 
 using namespace ds4;
 

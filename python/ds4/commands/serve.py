@@ -14,20 +14,9 @@ import sys
 from typing import Any
 
 from ..errors import Ds4IOError, InvalidArgumentError
+from ._argtypes import positive_int as _positive
 
 __all__ = ["register", "run"]
-
-
-def _positive(name: str):
-    def conv(v: str) -> int:
-        try:
-            n = int(v)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} expects an integer, got {v!r}") from None
-        if n <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {n}")
-        return n
-    return conv
 
 
 def register(subparsers: Any) -> None:
