@@ -70,8 +70,8 @@ def quantize_act(run: Runner, qtype: int, x: np.ndarray) -> np.ndarray:
                threads=(32, 1, 1))[0]
 
 
-def matvec(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, int], xq: np.ndarray) -> np.ndarray:
-    """y[tok, row] = dot(W row, activation tok) with `xq` from quantize_act (rows = shape[1])."""
+def _linear_operands(qtype: int, raw: np.ndarray, shape: tuple[int, int], xq: np.ndarray):
+    """(kernel suffix, rows, tokens, [args, weights, activations, output]) shared by matvec and matmul."""
     n, rows = shape
     suffix, elems, bsize, _ = QTYPES[qtype]
     xq = np.ascontiguousarray(xq).reshape(-1, xq.shape[-1])
@@ -79,8 +79,14 @@ def matvec(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, int], xq:
     w = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
     y = np.zeros((n_tok, rows), np.float32)
     args = _struct(n=n, rows=rows, row_bytes=n // elems * bsize, n_tok=n_tok, act_bytes=xq.shape[1], y_stride=rows)
+    return suffix, rows, n_tok, [args, w, xq, y]
+
+
+def matvec(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, int], xq: np.ndarray) -> np.ndarray:
+    """y[tok, row] = dot(W row, activation tok) with `xq` from quantize_act (rows = shape[1])."""
+    suffix, rows, n_tok, buffers = _linear_operands(qtype, raw, shape, xq)
     per_group = MV_ROWS * MV_SIMDGROUPS
-    return run(f"matvec_{suffix}", buffers=[args, w, xq, y], outputs=[3],
+    return run(f"matvec_{suffix}", buffers=buffers, outputs=[3],
                grid=(-(-rows // per_group), n_tok, 1), threads=(32 * MV_SIMDGROUPS, 1, 1))[0]
 
 
@@ -97,14 +103,8 @@ def rms_norm(run: Runner, x: np.ndarray, w: np.ndarray | None, eps: float, threa
 
 def matmul(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, int], xq: np.ndarray) -> np.ndarray:
     """Prefill Y[tok, row] with simdgroup-matrix tiles (same operands as matvec)."""
-    n, rows = shape
-    suffix, elems, bsize, _ = QTYPES[qtype]
-    xq = np.ascontiguousarray(xq).reshape(-1, xq.shape[-1])
-    n_tok = xq.shape[0]
-    w = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
-    y = np.zeros((n_tok, rows), np.float32)
-    args = _struct(n=n, rows=rows, row_bytes=n // elems * bsize, n_tok=n_tok, act_bytes=xq.shape[1], y_stride=rows)
-    return run(f"matmul_{suffix}", buffers=[args, w, xq, y], outputs=[3], grid=(-(-rows // 32), -(-n_tok // 32), 1),
+    suffix, rows, n_tok, buffers = _linear_operands(qtype, raw, shape, xq)
+    return run(f"matmul_{suffix}", buffers=buffers, outputs=[3], grid=(-(-rows // 32), -(-n_tok // 32), 1),
                threads=(128, 1, 1), tg_mem=[2 * 32 * 32 * 4])[0]
 
 
