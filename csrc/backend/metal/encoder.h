@@ -9,6 +9,7 @@
 // Same pipelines, argument bytes, buffer offsets, threadgroup memory and grid sizes on both.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,7 +38,11 @@ struct FunctionConstant {
     static FunctionConstant boolean(uint32_t i, bool v) { return {i, Kind::Bool, v ? 1u : 0u}; }
     static FunctionConstant u32(uint32_t i, uint32_t v) { return {i, Kind::UInt32, v}; }
     static FunctionConstant i32(uint32_t i, int32_t v) { return {i, Kind::Int32, (uint32_t)v}; }
-    static FunctionConstant f32(uint32_t i, float v);
+    static FunctionConstant f32(uint32_t i, float v) {
+        uint32_t b;
+        std::memcpy(&b, &v, 4);
+        return {i, Kind::Float, b};
+    }
     uint32_t size() const { return kind == Kind::Bool ? 1u : 4u; }
 };
 
