@@ -7,6 +7,7 @@
 #include "common/errors.h"
 #include "common/thread_pool.h"
 #include "quant/dot_kernels.h"
+#include "quant/gemm.h"
 #include "quant/kernels.h"
 
 namespace ds4 {
@@ -80,6 +81,12 @@ void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     check_ptrs("matmul", w, xq, y);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
     const uint8_t* xb = static_cast<const uint8_t*>(xq);
+    if (active_gemm(t, nullptr, n)) {  // register-blocked GEMM (gemm.h), same bits as below
+        std::vector<float*> yrows((size_t)nb);
+        for (int64_t b = 0; b < nb; ++b) yrows[(size_t)b] = y + b * rows;
+        gemm(t, wb, rows, n, xb, ab, nb, yrows.data(), pool_or_global(pool));
+        return;
+    }
     // Each task owns a row range; inside it, a tile of rows is applied to the whole batch so the
     // tile's weights stay in cache while the activations stream past. Where the path has a
     // multi-activation kernel, one weight row is decoded once for up to 4 activations (results
@@ -195,6 +202,17 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
         const int64_t p = order[(size_t)k];
         std::memcpy(acts.data() + k * ab, xb + (p / n_used) * tok_stride + (p % n_used) * slot_stride, (size_t)ab);
     }
+    const uint8_t* wb = static_cast<const uint8_t*>(w);
+    const int64_t mat_bytes = rb * rows;
+    if (active_gemm(t, nullptr, n)) {  // register-blocked GEMM per expert (gemm.h), same bits as below
+        std::vector<float*> yrows((size_t)n_pairs);
+        for (int64_t k = 0; k < n_pairs; ++k) yrows[(size_t)k] = y + order[(size_t)k] * rows;
+        std::vector<int64_t> mat_offsets((size_t)n_expert);
+        for (int64_t e = 0; e < n_expert; ++e) mat_offsets[(size_t)e] = e * mat_bytes;
+        gemm_grouped(t, wb, mat_offsets.data(), start.data(), n_expert, rows, n, acts.data(), ab, yrows.data(),
+                     pool_or_global(pool));
+        return;
+    }
     // Work items: (expert, range of rows), flattened so threads share experts with many pairs.
     const int64_t chunk = 64;
     const int64_t per_expert = (rows + chunk - 1) / chunk;
@@ -203,8 +221,6 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
         if (start[(size_t)e + 1] == start[(size_t)e]) continue;
         for (int64_t c = 0; c < per_expert; ++c) items.push_back(e * per_expert + c);
     }
-    const uint8_t* wb = static_cast<const uint8_t*>(w);
-    const int64_t mat_bytes = rb * rows;
     pool_or_global(pool).parallel_for(
         (int64_t)items.size(),
         [&](int64_t i0, int64_t i1) {
