@@ -21,6 +21,7 @@
 
 #include "common/errors.h"
 #include "common/thread_pool.h"
+#include "quant/gemm.h"
 #include "quant/kernels.h"
 #include "quant/simd.h"
 
@@ -265,4 +266,12 @@ void init_quant(py::module_& m) {
         ds4::ThreadPool::set_global_threads(n);
     }, py::arg("n"), "resize the global pool (0 = default: DS4_THREADS or physical cores)");
     m.def("default_threads", [] { return ds4::default_thread_count(); });
+    m.def("int8_dot_peak", [](int64_t iters) {
+        ds4::quant::DotPeak p;
+        {
+            py::gil_scoped_release nogil;
+            p = ds4::quant::int8_dot_peak(ds4::ThreadPool::global(), iters);
+        }
+        return py::dict(py::arg("macs") = p.macs, py::arg("wall_s") = p.wall_s, py::arg("cpu_s") = p.cpu_s);
+    }, py::arg("iters"), "tight vpdpbusd loop on every pool thread (bench/kernels.py's int8 peak); macs 0 without VNNI");
 }

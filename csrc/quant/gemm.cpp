@@ -3,6 +3,10 @@
 // threads. The ISA files only decode panels and run micro-kernels.
 #include "quant/gemm.h"
 
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -116,6 +120,37 @@ void gemm(GgmlType t, const uint8_t* w, int64_t rows, int64_t n, const uint8_t* 
           int64_t ntok, float* const* yrows, ThreadPool& pool) {
     const int64_t off = 0, tok0[2] = {0, ntok};
     gemm_grouped(t, w, &off, tok0, 1, rows, n, xq, act_bytes, yrows, pool);
+}
+
+DotPeak int8_dot_peak(ThreadPool& pool, int64_t iters) {
+    DotPeak out;
+#if defined(DS4_ARCH_X86)
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return out;
+    const int nt = pool.size();
+    std::vector<double> cpu((size_t)nt, 0.0);
+    std::atomic<int64_t> sink{0};
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(
+        nt,
+        [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) {
+                timespec a, b;
+                clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+                sink += avx512vnni_dot_loop(iters);
+                clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+                cpu[(size_t)i] = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+            }
+        },
+        1);
+    out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (double c : cpu) out.cpu_s += c;
+    out.macs = (double)nt * (double)iters * 12.0 * 64.0;
+#else
+    (void)pool;
+    (void)iters;
+#endif
+    return out;
 }
 
 }  // namespace ds4::quant

@@ -48,7 +48,19 @@ struct GemmKernels {
 
 #if defined(DS4_ARCH_X86)
 const GemmKernels& avx512vnni_gemm();  // gemm_avx512vnni.cpp
+// 12 independent vpdpbusd zmm chains, iters rounds: 12 * 64 * iters int8 multiply-adds. The
+// return value depends on every accumulator (so the loop is not optimised away).
+int64_t avx512vnni_dot_loop(int64_t iters);
 #endif
+
+// The int8 dot-product peak of this machine, measured: every thread of pool runs
+// avx512vnni_dot_loop(iters) at once. macs == 0 where the CPU/build has no VNNI.
+struct DotPeak {
+    double macs = 0;    // int8 multiply-adds done, all threads
+    double wall_s = 0;  // wall time of the whole run
+    double cpu_s = 0;   // sum of the threads' CPU time (load-resistant: time the cores really ran)
+};
+DotPeak int8_dot_peak(ThreadPool& pool, int64_t iters);
 
 // The group kernel of the active SIMD path for type t, or nullptr (caller keeps the row kernels).
 GemmGroupFn active_gemm(GgmlType t, size_t* panel_bytes, int64_t n);

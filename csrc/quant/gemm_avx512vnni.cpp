@@ -52,105 +52,146 @@ size_t panel_bytes(GgmlType t, int64_t n) {
     }
 }
 
-inline void put32(uint8_t* vec, int r, uint32_t v) { std::memcpy(vec + 4 * r, &v, 4); }
-inline void putf(uint8_t* vec, int r, float v) { std::memcpy(vec + 4 * r, &v, 4); }
-
-// Rows past nrows stay zero (scales 0): their lanes compute finite garbage that is never stored.
-inline void clear_if_partial(const GemmGroup& g, size_t bytes) {
-    if (g.nrows < kGemmRows) std::memset(g.panel, 0, bytes);
-}
-
 // ---- panel decoding (once per row group) -------------------------------------------------------
+// Vectorised across the 16 rows: lane r gathers its dword from row r (row_bytes apart), so each
+// gathered vector is already one panel vector (rows in lanes); lanes past nrows are masked off
+// and read as zero.
+
+struct RowGather {
+    __m512i idx;
+    __mmask16 live;
+    explicit RowGather(const GemmGroup& g)
+        : idx(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                 _mm512_set1_epi32((int)g.row_bytes))),
+          live((__mmask16)((1u << g.nrows) - 1)) {}
+    // Dword at byte offset off of every row's block (off + 4 <= block size: never past a row).
+    inline __m512i at(const uint8_t* block0, int64_t off) const {
+        return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, block0 + off, 1);
+    }
+};
+
+inline void vst(uint8_t* p, __m512i v) { _mm512_store_si512(reinterpret_cast<void*>(p), v); }
+inline __m512 f16_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+inline __m512 f16_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))); }
+inline __m512i byte_of(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(255)); }
 
 void decode_q8_0(const GemmGroup& g) {
-    clear_if_partial(g, panel_bytes(GgmlType::Q8_0, g.n));
-    const int64_t nb = g.n / 32;
-    for (int r = 0; r < g.nrows; ++r) {
-        const uint8_t* wb = g.w + r * g.row_bytes;
-        for (int64_t b = 0; b < nb; ++b, wb += sizeof(BlockQ8_0)) {
-            uint8_t* pb = g.panel + b * kQ8_0Blk;
-            for (int s = 0; s < 8; ++s) put32(pb + s * kVec, r, load_u32(wb + 2 + 4 * s) ^ 0x80808080u);
-            putf(pb + 8 * kVec, r, f16_to_f32(load_u16(wb)));
-        }
+    const RowGather rows(g);
+    const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
+    for (int64_t b = 0; b < g.n / 32; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ8_0);
+        uint8_t* pb = g.panel + b * kQ8_0Blk;
+        for (int s = 0; s < 8; ++s) vst(pb + s * kVec, _mm512_xor_si512(rows.at(blk, 2 + 4 * s), flip));
+        _mm512_store_ps(pb + 8 * kVec, f16_lo(rows.at(blk, 0)));  // d and the first two codes
     }
 }
 
 void decode_q2_k(const GemmGroup& g) {
-    clear_if_partial(g, panel_bytes(GgmlType::Q2_K, g.n));
-    const int64_t nb = g.n / QK;
-    for (int r = 0; r < g.nrows; ++r) {
-        const BlockQ2K* x = reinterpret_cast<const BlockQ2K*>(g.w + r * g.row_bytes);
-        for (int64_t b = 0; b < nb; ++b, ++x) {
-            uint8_t* pb = g.panel + b * kQ2KBlk;
-            // k = 128h + 32j + l: bits 2j of qs[32h + l], sub-block scale index 8h + 2j + l/16.
-            for (int s = 0; s < 64; ++s) {
-                const int h = s >> 5, j = (s >> 3) & 3, m = s & 7;
-                const uint32_t q = (load_u32(x->qs + 32 * h + 4 * m) >> (2 * j)) & 0x03030303u;
-                // Each byte q*sc <= 45: the 32-bit product has no carries between bytes.
-                put32(pb + s * kVec, r, q * (uint32_t)(x->scales[8 * h + 2 * j + (m >> 2)] & 15));
+    const RowGather rows(g);
+    const __m512i m3 = _mm512_set1_epi32(0x03030303), m15 = _mm512_set1_epi32(15);
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ2K);
+        uint8_t* pb = g.panel + b * kQ2KBlk;
+        __m512i sc4[4];  // scales[4q .. 4q+3] of every row
+        for (int q = 0; q < 4; ++q) sc4[q] = rows.at(blk, 4 * q);
+        // k = 128h + 32j + l: bits 2j of qs[32h + l]; sub-block scale index 8h + 2j + l/16.
+        for (int h = 0; h < 2; ++h) {
+            for (int m = 0; m < 8; ++m) {
+                const __m512i v = rows.at(blk, 16 + 32 * h + 4 * m);
+                for (int j = 0; j < 4; ++j) {
+                    const int i = 8 * h + 2 * j + (m >> 2);
+                    const __m512i sc = _mm512_and_si512(byte_of(sc4[i >> 2], i & 3), m15);
+                    // Each byte q*sc <= 45: the 32-bit product has no carries between bytes.
+                    const __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 2 * j), m3);
+                    vst(pb + (32 * h + 8 * j + m) * kVec, _mm512_mullo_epi32(q, sc));
+                }
             }
-            for (int p = 0; p < 8; ++p)
-                put32(pb + kCodes256 + p * kVec, r,
-                      (uint32_t)(x->scales[2 * p] >> 4) | ((uint32_t)(x->scales[2 * p + 1] >> 4) << 16));
-            putf(pb + kCodes256 + 8 * kVec, r, f16_to_f32(load_u16(&x->d)));
-            putf(pb + kCodes256 + 9 * kVec, r, f16_to_f32(load_u16(&x->dmin)));
         }
+        for (int p = 0; p < 8; ++p) {
+            const __m512i lo = _mm512_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1)), 4);
+            const __m512i hi = _mm512_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1) + 1), 4);
+            vst(pb + kCodes256 + p * kVec, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+        const __m512i dd = rows.at(blk, 80);
+        _mm512_store_ps(pb + kCodes256 + 8 * kVec, f16_lo(dd));
+        _mm512_store_ps(pb + kCodes256 + 9 * kVec, f16_hi(dd));
     }
 }
 
 void decode_q4_k(const GemmGroup& g) {
-    clear_if_partial(g, panel_bytes(GgmlType::Q4_K, g.n));
-    const int64_t nb = g.n / QK;
-    for (int r = 0; r < g.nrows; ++r) {
-        const BlockQ4K* x = reinterpret_cast<const BlockQ4K*>(g.w + r * g.row_bytes);
-        for (int64_t b = 0; b < nb; ++b, ++x) {
-            uint8_t* pb = g.panel + b * kQ4KBlk;
-            // k = 64c + l: low nibble of qs[32c + l]; k = 64c + 32 + l: high nibble.
-            for (int s = 0; s < 64; ++s) {
-                const int sub = s >> 3, c = sub >> 1, m = s & 7;
-                const uint32_t v = load_u32(x->qs + 32 * c + 4 * m);
-                put32(pb + s * kVec, r, (sub & 1 ? v >> 4 : v) & 0x0F0F0F0Fu);
+    const RowGather rows(g);
+    const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ4K);
+        uint8_t* pb = g.panel + b * kQ4KBlk;
+        // k = 64c + l: low nibble of qs[32c + l] (sub-block 2c); k = 64c + 32 + l: high (2c+1).
+        for (int c = 0; c < 4; ++c) {
+            for (int m = 0; m < 8; ++m) {
+                const __m512i v = rows.at(blk, 16 + 32 * c + 4 * m);
+                vst(pb + (16 * c + m) * kVec, _mm512_and_si512(v, m4));
+                vst(pb + (16 * c + 8 + m) * kVec, _mm512_and_si512(_mm512_srli_epi32(v, 4), m4));
             }
-            for (int k = 0; k < 8; ++k) {
-                uint8_t sc, mn;
-                q4k_scale_min(x->scales, k, &sc, &mn);
-                put32(pb + kCodes256 + k * kVec, r, sc);
-                put32(pb + kCodes256 + (8 + k) * kVec, r, (uint32_t)mn | ((uint32_t)mn << 16));
-            }
-            putf(pb + kCodes256 + 16 * kVec, r, f16_to_f32(load_u16(&x->d)));
-            putf(pb + kCodes256 + 17 * kVec, r, f16_to_f32(load_u16(&x->dmin)));
         }
+        // The 6-bit (scale, min) pairs of q4k_scale_min, per lane.
+        const __m512i s0 = rows.at(blk, 4), s1 = rows.at(blk, 8), s2 = rows.at(blk, 12);
+        auto sbyte = [&](int i) { return byte_of(i < 4 ? s0 : i < 8 ? s1 : s2, i & 3); };
+        for (int k = 0; k < 8; ++k) {
+            __m512i sc, mn;
+            if (k < 4) {
+                sc = _mm512_and_si512(sbyte(k), m63);
+                mn = _mm512_and_si512(sbyte(k + 4), m63);
+            } else {
+                sc = _mm512_or_si512(_mm512_and_si512(sbyte(k + 4), m15),
+                                     _mm512_slli_epi32(_mm512_srli_epi32(sbyte(k - 4), 6), 4));
+                mn = _mm512_or_si512(_mm512_srli_epi32(sbyte(k + 4), 4),
+                                     _mm512_slli_epi32(_mm512_srli_epi32(sbyte(k), 6), 4));
+            }
+            vst(pb + kCodes256 + k * kVec, sc);
+            vst(pb + kCodes256 + (8 + k) * kVec, _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16)));
+        }
+        const __m512i dd = rows.at(blk, 0);
+        _mm512_store_ps(pb + kCodes256 + 16 * kVec, f16_lo(dd));
+        _mm512_store_ps(pb + kCodes256 + 17 * kVec, f16_hi(dd));
     }
 }
 
-// Signed grid value per byte (sign bit j of the 8-bit sign pattern negates byte j), + 128.
-inline uint64_t iq2_signed_offset(uint64_t grid, uint8_t signs) {
-    uint64_t neg = 0;
-    for (int j = 0; j < 8; ++j) neg |= (uint64_t)((signs >> j) & 1) * (0xFFull << (8 * j));
-    // Per byte: (v ^ 0xFF) + 1 = 256 - v for negated bytes (v >= 8, so no carry leaves the byte).
-    const uint64_t w = (grid ^ neg) + (neg & 0x0101010101010101ull);
-    return w ^ 0x8080808080808080ull;
+// Four 4-bit sign nibbles -> byte masks: bit j of x (j < 4) -> 0xFF in byte j, else 0x00.
+inline __m512i nibble_to_byte_mask(__m512i x) {
+    const __m512i spread = _mm512_or_si512(_mm512_or_si512(x, _mm512_slli_epi32(x, 7)),
+                                           _mm512_or_si512(_mm512_slli_epi32(x, 14), _mm512_slli_epi32(x, 21)));
+    return _mm512_sub_epi8(_mm512_setzero_si512(), _mm512_and_si512(spread, _mm512_set1_epi32(0x01010101)));
 }
 
 void decode_iq2_xxs(const GemmGroup& g) {
-    clear_if_partial(g, panel_bytes(GgmlType::IQ2_XXS, g.n));
-    const int64_t nb = g.n / QK;
-    for (int r = 0; r < g.nrows; ++r) {
-        const uint8_t* wb = g.w + r * g.row_bytes;
-        for (int64_t b = 0; b < nb; ++b, wb += sizeof(BlockIQ2XXS)) {
-            uint8_t* pb = g.panel + b * kIq2Blk;
-            const uint8_t* qs = wb + 2;
-            for (int ib = 0; ib < 8; ++ib) {
-                const uint32_t a = load_u32(qs + 8 * ib), sw = load_u32(qs + 8 * ib + 4);
-                for (int l = 0; l < 4; ++l) {
-                    const uint64_t v = iq2_signed_offset(kIq2xxsGrid[(a >> (8 * l)) & 255], kIq2Ksigns[(sw >> (7 * l)) & 127]);
-                    put32(pb + (8 * ib + 2 * l) * kVec, r, (uint32_t)v);
-                    put32(pb + (8 * ib + 2 * l + 1) * kVec, r, (uint32_t)(v >> 32));
+    const RowGather rows(g);
+    const int* grid = reinterpret_cast<const int*>(kIq2xxsGrid);  // little-endian: dword 2i = low half
+    const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockIQ2XXS);
+        uint8_t* pb = g.panel + b * kIq2Blk;
+        for (int ib = 0; ib < 8; ++ib) {
+            const __m512i a = rows.at(blk, 2 + 8 * ib), sw = rows.at(blk, 6 + 8 * ib);
+            // The four 8-bit sign patterns: 7 stored bits each, bit 7 = parity of the 7 (even
+            // number of negatives per group of 8), as kIq2Ksigns tabulates.
+            for (int l = 0; l < 4; ++l) {
+                const __m512i s7 = _mm512_and_si512(_mm512_srli_epi32(sw, 7 * l), _mm512_set1_epi32(127));
+                __m512i par = _mm512_xor_si512(s7, _mm512_srli_epi32(s7, 4));
+                par = _mm512_xor_si512(par, _mm512_srli_epi32(par, 2));
+                par = _mm512_and_si512(_mm512_xor_si512(par, _mm512_srli_epi32(par, 1)), _mm512_set1_epi32(1));
+                const __m512i s8 = _mm512_or_si512(s7, _mm512_slli_epi32(par, 7));
+                const __m512i gi = _mm512_slli_epi32(byte_of(a, l), 1);
+                for (int half = 0; half < 2; ++half) {
+                    const __m512i gv = _mm512_i32gather_epi32(_mm512_add_epi32(gi, _mm512_set1_epi32(half)), grid, 4);
+                    const __m512i neg = nibble_to_byte_mask(_mm512_and_si512(_mm512_srli_epi32(s8, 4 * half), _mm512_set1_epi32(15)));
+                    // (v ^ m) - m negates the bytes where m = 0xFF; + 128 as xor 0x80.
+                    const __m512i w = _mm512_sub_epi8(_mm512_xor_si512(gv, neg), neg);
+                    vst(pb + (8 * ib + 2 * l + half) * kVec, _mm512_xor_si512(w, flip));
                 }
-                put32(pb + kCodes256 + ib * kVec, r, 2 * (sw >> 28) + 1);
             }
-            putf(pb + kCodes256 + 8 * kVec, r, f16_to_f32(load_u16(wb)));
+            vst(pb + kCodes256 + ib * kVec,
+                _mm512_add_epi32(_mm512_slli_epi32(_mm512_srli_epi32(sw, 28), 1), _mm512_set1_epi32(1)));
         }
+        _mm512_store_ps(pb + kCodes256 + 8 * kVec, f16_lo(rows.at(blk, 0)));
     }
 }
 
@@ -353,5 +394,18 @@ const GemmKernels kVnni{run_group<decode_q8_0, TileQ8_0>, run_group<decode_q2_k,
 }  // namespace
 
 const GemmKernels& avx512vnni_gemm() { return kVnni; }
+
+int64_t avx512vnni_dot_loop(int64_t iters) {
+    __m512i acc[12];
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+    __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(3);
+    for (int64_t it = 0; it < iters; ++it) {
+        for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+        __asm__ volatile("" : "+v"(a), "+v"(b));  // keep the operands opaque: no folding
+    }
+    __m512i s = acc[0];
+    for (int i = 1; i < 12; ++i) s = _mm512_xor_si512(s, acc[i]);
+    return _mm512_reduce_add_epi32(s);
+}
 
 }  // namespace ds4::quant
