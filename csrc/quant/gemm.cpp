@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -18,7 +19,17 @@ namespace ds4::quant {
 
 namespace {
 
+// DS4_GEMM=off keeps the row kernels for matmul (an A/B switch for benchmarks; same results).
+bool gemm_disabled() {
+    static const bool off = [] {
+        const char* v = std::getenv("DS4_GEMM");
+        return v && (std::strcmp(v, "off") == 0 || std::strcmp(v, "0") == 0);
+    }();
+    return off;
+}
+
 const GemmKernels* table_for_active_path() {
+    if (gemm_disabled()) return nullptr;
 #if defined(DS4_ARCH_X86)
     if (simd_path() == SimdPath::AVX512VNNI) return &avx512vnni_gemm();
 #endif
