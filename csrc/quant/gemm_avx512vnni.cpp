@@ -164,7 +164,9 @@ inline __m512i nibble_to_byte_mask(__m512i x) {
 
 void decode_iq2_xxs(const GemmGroup& g) {
     const RowGather rows(g);
-    const int* grid = reinterpret_cast<const int*>(kIq2xxsGrid);  // little-endian: dword 2i = low half
+    const long long* grid = reinterpret_cast<const long long*>(kIq2xxsGrid);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockIQ2XXS);
@@ -179,9 +181,13 @@ void decode_iq2_xxs(const GemmGroup& g) {
                 par = _mm512_xor_si512(par, _mm512_srli_epi32(par, 2));
                 par = _mm512_and_si512(_mm512_xor_si512(par, _mm512_srli_epi32(par, 1)), _mm512_set1_epi32(1));
                 const __m512i s8 = _mm512_or_si512(s7, _mm512_slli_epi32(par, 7));
-                const __m512i gi = _mm512_slli_epi32(byte_of(a, l), 1);
+                // Whole 8-byte grid rows, 8 rows per gather (half the gathered elements of two
+                // dword gathers), then split into the low and high dwords of rows 0..15.
+                const __m512i gi = byte_of(a, l);
+                const __m512i g0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(gi), grid, 8);
+                const __m512i g1 = _mm512_i32gather_epi64(_mm512_extracti32x8_epi32(gi, 1), grid, 8);
                 for (int half = 0; half < 2; ++half) {
-                    const __m512i gv = _mm512_i32gather_epi32(_mm512_add_epi32(gi, _mm512_set1_epi32(half)), grid, 4);
+                    const __m512i gv = _mm512_permutex2var_epi32(g0, half ? odd : even, g1);
                     const __m512i neg = nibble_to_byte_mask(_mm512_and_si512(_mm512_srli_epi32(s8, 4 * half), _mm512_set1_epi32(15)));
                     // (v ^ m) - m negates the bytes where m = 0xFF; + 128 as xor 0x80.
                     const __m512i w = _mm512_sub_epi8(_mm512_xor_si512(gv, neg), neg);
