@@ -65,6 +65,10 @@ DotPeak int8_dot_peak(ThreadPool& pool, int64_t iters);
 // The group kernel of the active SIMD path for type t, or nullptr (caller keeps the row kernels).
 GemmGroupFn active_gemm(GgmlType t, size_t* panel_bytes, int64_t n);
 
+// Fewest tokens for which the GEMM beats the row kernels on one matrix: below it, decoding the
+// panel costs more than it saves (measured crossover, 4096-long rows, docs/gemm.md).
+int64_t gemm_min_tokens(GgmlType t);
+
 // Y rows for tokens t in [0, ntok): yrows[t][r] = dot(W row r, xq + t * act_bytes), r < rows.
 // Requires active_gemm(t) != nullptr. Work is split by row groups only: any thread count gives
 // the same bits.
@@ -72,9 +76,10 @@ void gemm(GgmlType t, const uint8_t* w, int64_t rows, int64_t n, const uint8_t* 
           int64_t ntok, float* const* yrows, ThreadPool& pool);
 
 // The same for several matrices at once (routed experts): item e uses matrix w + mats[e] and the
-// tokens [tok0[e], tok0[e+1]) of the shared activation/output lists.
+// tokens [tok0[e], tok0[e+1]) of the shared activation/output lists. Matrices with fewer than
+// min_tokens tokens are skipped (the caller runs them on the row kernels).
 void gemm_grouped(GgmlType t, const uint8_t* w, const int64_t* mat_offsets, const int64_t* tok0, int64_t n_mats,
                   int64_t rows, int64_t n, const uint8_t* xq, int64_t act_bytes, float* const* yrows,
-                  ThreadPool& pool);
+                  ThreadPool& pool, int64_t min_tokens = 1);
 
 }  // namespace ds4::quant

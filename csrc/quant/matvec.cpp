@@ -1,5 +1,6 @@
 // Matrix-vector products over whole weight matrices. Work is split by output rows only (each row
 // is one row-dot kernel call), so results are bit-identical for every thread count.
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -81,7 +82,7 @@ void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     check_ptrs("matmul", w, xq, y);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
     const uint8_t* xb = static_cast<const uint8_t*>(xq);
-    if (active_gemm(t, nullptr, n)) {  // register-blocked GEMM (gemm.h), same bits as below
+    if (active_gemm(t, nullptr, n) && nb >= gemm_min_tokens(t)) {  // register-blocked GEMM (gemm.h), same bits
         std::vector<float*> yrows((size_t)nb);
         for (int64_t b = 0; b < nb; ++b) yrows[(size_t)b] = y + b * rows;
         gemm(t, wb, rows, n, xb, ab, nb, yrows.data(), pool_or_global(pool));
@@ -204,21 +205,24 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
     }
     const uint8_t* wb = static_cast<const uint8_t*>(w);
     const int64_t mat_bytes = rb * rows;
-    if (active_gemm(t, nullptr, n)) {  // register-blocked GEMM per expert (gemm.h), same bits as below
+    // Experts with enough tokens run the register-blocked GEMM (gemm.h, same bits as the row
+    // kernels below); the others stay on the row kernels.
+    const int64_t gemm_min = active_gemm(t, nullptr, n) ? gemm_min_tokens(t) : INT64_MAX;
+    if (gemm_min != INT64_MAX) {
         std::vector<float*> yrows((size_t)n_pairs);
         for (int64_t k = 0; k < n_pairs; ++k) yrows[(size_t)k] = y + order[(size_t)k] * rows;
         std::vector<int64_t> mat_offsets((size_t)n_expert);
         for (int64_t e = 0; e < n_expert; ++e) mat_offsets[(size_t)e] = e * mat_bytes;
         gemm_grouped(t, wb, mat_offsets.data(), start.data(), n_expert, rows, n, acts.data(), ab, yrows.data(),
-                     pool_or_global(pool));
-        return;
+                     pool_or_global(pool), gemm_min);
     }
     // Work items: (expert, range of rows), flattened so threads share experts with many pairs.
     const int64_t chunk = 64;
     const int64_t per_expert = (rows + chunk - 1) / chunk;
     std::vector<int64_t> items;
     for (int64_t e = 0; e < n_expert; ++e) {
-        if (start[(size_t)e + 1] == start[(size_t)e]) continue;
+        const int64_t count = start[(size_t)e + 1] - start[(size_t)e];
+        if (count == 0 || count >= gemm_min) continue;
         for (int64_t c = 0; c < per_expert; ++c) items.push_back(e * per_expert + c);
     }
     pool_or_global(pool).parallel_for(
