@@ -32,6 +32,7 @@ const GemmKernels* table_for_active_path() {
     if (gemm_disabled()) return nullptr;
 #if defined(DS4_ARCH_X86)
     if (simd_path() == SimdPath::AVX512VNNI) return &avx512vnni_gemm();
+    if (simd_path() == SimdPath::AVX2) return &avx2_gemm();
 #endif
     return nullptr;
 }
@@ -85,11 +86,12 @@ int64_t gemm_min_tokens(GgmlType t) {
     return t == GgmlType::Q2_K ? 6 : 4;
 }
 
-GemmGroupFn active_gemm(GgmlType t, size_t* panel_bytes, int64_t n) {
+GemmGroupFn active_gemm(GgmlType t, size_t* panel_bytes, int64_t n, int* rows_per_group) {
     const GemmKernels* k = table_for_active_path();
     if (!k) return nullptr;
     GemmGroupFn fn = pick(*k, t);
     if (fn && panel_bytes) *panel_bytes = k->panel_bytes(t, n);
+    if (fn && rows_per_group) *rows_per_group = k->rows;
     return fn;
 }
 
@@ -97,11 +99,12 @@ void gemm_grouped(GgmlType t, const uint8_t* w, const int64_t* mat_offsets, cons
                   int64_t rows, int64_t n, const uint8_t* xq, int64_t act_bytes, float* const* yrows,
                   ThreadPool& pool, int64_t min_tokens) {
     size_t pbytes = 0;
-    GemmGroupFn fn = active_gemm(t, &pbytes, n);
+    int group_rows = 0;
+    GemmGroupFn fn = active_gemm(t, &pbytes, n, &group_rows);
     const int64_t ntok = tok0[n_mats];
     std::vector<int32_t> corr;
     if (needs_corrections(t)) corr = corrections(t, xq, act_bytes, ntok, n);
-    const int64_t groups = (rows + kGemmRows - 1) / kGemmRows;
+    const int64_t groups = (rows + group_rows - 1) / group_rows;
     const int64_t rb = row_bytes(t, n);
     // Work items (matrix, row group) for the matrices that have tokens.
     std::vector<int64_t> items;
@@ -117,8 +120,8 @@ void gemm_grouped(GgmlType t, const uint8_t* w, const int64_t* mat_offsets, cons
             for (int64_t i = i0; i < i1; ++i) {
                 const int64_t e = items[(size_t)i] / groups, g = items[(size_t)i] % groups;
                 GemmGroup grp;
-                grp.row0 = g * kGemmRows;
-                grp.nrows = (int)(rows - grp.row0 < kGemmRows ? rows - grp.row0 : kGemmRows);
+                grp.row0 = g * group_rows;
+                grp.nrows = (int)(rows - grp.row0 < group_rows ? rows - grp.row0 : group_rows);
                 grp.w = w + mat_offsets[e] + grp.row0 * rb;
                 grp.row_bytes = rb;
                 grp.n = n;

@@ -1,4 +1,5 @@
-// Register-blocked quantised GEMM for prefill (docs/gemm.md): a group of kGemmRows weight rows is
+// Register-blocked quantised GEMM for prefill (docs/gemm.md): a group of weight rows (16 for
+// AVX-512, 8 for AVX2: one vector of int32 lanes) is
 // decoded once into an int8 panel laid out for the dot-product instructions (4 consecutive
 // k of 16 rows per 64-byte vector), and the micro-kernel applies it to every token of the batch,
 // several tokens per register tile. The panel is scratch of one group (tens of KiB, stays in L2);
@@ -19,13 +20,11 @@ class ThreadPool;
 
 namespace ds4::quant {
 
-constexpr int kGemmRows = 16;  // weight rows per panel: one 512-bit vector of int32 lanes
-
 // One row group against a batch of tokens (filled by gemm.cpp, consumed by a per-ISA kernel).
 struct GemmGroup {
     const uint8_t* w;        // first weight row of the group
     int64_t row_bytes;       // distance between weight rows
-    int nrows;               // rows in this group, 1..kGemmRows
+    int nrows;               // rows in this group, 1..GemmKernels::rows
     int64_t n;               // row length (whole blocks)
     const uint8_t* xq;       // activation of token 0, as quantize_act wrote it
     int64_t act_bytes;       // distance between token activations
@@ -39,7 +38,8 @@ struct GemmGroup {
 using GemmGroupFn = void (*)(const GemmGroup& g);
 
 struct GemmKernels {
-    GemmGroupFn q8_0;
+    int rows;  // weight rows per group (panel width)
+    GemmGroupFn q8_0;  // nullptr: that type keeps the row kernels on this path
     GemmGroupFn q2_k;
     GemmGroupFn q4_k;
     GemmGroupFn iq2_xxs;
@@ -48,6 +48,7 @@ struct GemmKernels {
 
 #if defined(DS4_ARCH_X86)
 const GemmKernels& avx512vnni_gemm();  // gemm_avx512vnni.cpp
+const GemmKernels& avx2_gemm();        // gemm_avx2.cpp (Q2_K, Q4_K, IQ2_XXS)
 // 12 independent vpdpbusd zmm chains, iters rounds: 12 * 64 * iters int8 multiply-adds. The
 // return value depends on every accumulator (so the loop is not optimised away).
 int64_t avx512vnni_dot_loop(int64_t iters);
@@ -62,8 +63,9 @@ struct DotPeak {
 };
 DotPeak int8_dot_peak(ThreadPool& pool, int64_t iters);
 
-// The group kernel of the active SIMD path for type t, or nullptr (caller keeps the row kernels).
-GemmGroupFn active_gemm(GgmlType t, size_t* panel_bytes, int64_t n);
+// The group kernel of the active SIMD path for type t, or nullptr (caller keeps the row kernels);
+// with it, the panel scratch size for rows of n and the rows per group.
+GemmGroupFn active_gemm(GgmlType t, size_t* panel_bytes, int64_t n, int* rows_per_group = nullptr);
 
 // Fewest tokens for which the GEMM beats the row kernels on one matrix: below it, decoding the
 // panel costs more than it saves (measured crossover, 4096-long rows, docs/gemm.md).

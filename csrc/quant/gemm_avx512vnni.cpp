@@ -394,7 +394,7 @@ template <int NT> struct TileQ2K { static void run(const GemmGroup& g, int64_t t
 template <int NT> struct TileQ4K { static void run(const GemmGroup& g, int64_t t0) { tile_q4_k<NT>(g, t0); } };
 template <int NT> struct TileIq2 { static void run(const GemmGroup& g, int64_t t0) { tile_iq2_xxs<NT>(g, t0); } };
 
-const GemmKernels kVnni{run_group<decode_q8_0, TileQ8_0>, run_group<decode_q2_k, TileQ2K>,
+const GemmKernels kVnni{16, run_group<decode_q8_0, TileQ8_0>, run_group<decode_q2_k, TileQ2K>,
                         run_group<decode_q4_k, TileQ4K>, run_group<decode_iq2_xxs, TileIq2>, panel_bytes};
 
 }  // namespace
