@@ -8,8 +8,9 @@ What must hold (docs/gemm.md "Numerics"):
     kernels are), and for Q8_0 within twice the derived bound of test_kernels_matvec (the x86 Q8_0
     row kernel sums blocks in eight lanes, scalar sequentially);
   * within the derived float64-reference bound of test_kernels_matvec (no new tolerance).
-These run on every path of core.simd_paths(): paths without a GEMM take the row kernels, so the
-same assertions hold there trivially; on avx512vnni the GEMM runs.
+These run on every path of core.simd_paths(): the GEMM runs on avx512vnni (all four types) and
+avx2 (Q2_K, Q4_K, IQ2_XXS) for matrices/experts with at least gemm_min_tokens (4; 6 for Q2_K)
+tokens; elsewhere the row kernels run and the same assertions hold.
 """
 
 from __future__ import annotations

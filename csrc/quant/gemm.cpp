@@ -1,6 +1,6 @@
-// The portable half of the prefill GEMM (gemm.h): which per-ISA group kernel runs, the
-// activation-side corrections, the per-thread panel scratch and the split of row groups over
-// threads. The ISA files only decode panels and run micro-kernels.
+// The portable half of the prefill GEMM (gemm.h): which per-ISA group kernel runs (avx512vnni,
+// avx2), the activation-side corrections, the per-thread panel scratch and the split of row
+// groups over threads. The ISA files only decode panels and run micro-kernels.
 #include "quant/gemm.h"
 
 #include <time.h>
@@ -50,6 +50,7 @@ GemmGroupFn pick(const GemmKernels& k, GgmlType t) {
 // The kernels feed the weights to vpdpbusd as unsigned bytes (code + 128) for the signed formats,
 // so each group of 32 activation codes needs -128 * (their sum) added back: computed once per
 // call for every token (n/32 int32 per token, a few KiB), shared by all row groups.
+// (The AVX2 kernels do not use them; computing them anyway costs n/32 additions per token.)
 bool needs_corrections(GgmlType t) { return t == GgmlType::Q8_0 || t == GgmlType::IQ2_XXS; }
 
 std::vector<int32_t> corrections(GgmlType t, const uint8_t* xq, int64_t act_bytes, int64_t ntok, int64_t n) {
