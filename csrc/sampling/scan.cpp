@@ -1,0 +1,40 @@
+#include "sampling/scan.h"
+
+#include "quant/simd.h"
+
+namespace ds4 {
+
+namespace {
+
+bool use_avx512() {
+#if defined(DS4_ARCH_X86)
+    const SimdPath p = simd_path();
+    return p == SimdPath::AVX512 || p == SimdPath::AVX512VNNI;
+#else
+    return false;
+#endif
+}
+
+}  // namespace
+
+int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t* out) {
+#if defined(DS4_ARCH_X86)
+    if (use_avx512()) return collect_finite_at_least_avx512(a, n, floor, out);
+#endif
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; ++i)
+        if (a[i] >= floor && a[i] - a[i] == 0.0f) out[k++] = (int32_t)i;
+    return k;
+}
+
+double mass_at_least(const float* w, int64_t n, float c, int step) {
+#if defined(DS4_ARCH_X86)
+    if (use_avx512()) return mass_at_least_avx512(w, n, c, step);
+#endif
+    double r = 0.0;
+    for (int64_t b = 0; b < n; b += 16 * (int64_t)step)
+        for (int64_t i = b; i < b + 16 && i < n; ++i) r += w[i] >= c ? w[i] : 0.0f;
+    return r * step;
+}
+
+}  // namespace ds4

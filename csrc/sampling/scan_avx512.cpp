@@ -1,0 +1,42 @@
+// scan.h for AVX-512: a compare mask per 16 entries; ids leave through a register compress.
+#include <immintrin.h>
+
+#include "sampling/scan.h"
+
+namespace ds4 {
+
+int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, int32_t* out) {
+    const __m512 f = _mm512_set1_ps(floor), zero = _mm512_setzero_ps();
+    __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16);
+    int64_t k = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(a + i);
+        // v >= floor (false for NaN), and v - v == 0 (false for +-inf)
+        const __mmask16 m = _mm512_cmp_ps_mask(v, f, _CMP_GE_OQ) & _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ);
+        if (m) {
+            _mm512_storeu_si512((void*)(out + k), _mm512_maskz_compress_epi32(m, ids));
+            k += __builtin_popcount((unsigned)m);
+        }
+        ids = _mm512_add_epi32(ids, step);
+    }
+    for (; i < n; ++i)
+        if (a[i] >= floor && a[i] - a[i] == 0.0f) out[k++] = (int32_t)i;
+    return k;
+}
+
+double mass_at_least_avx512(const float* w, int64_t n, float c, int step) {
+    const __m512 cv = _mm512_set1_ps(c);
+    __m512 acc = _mm512_setzero_ps();
+    const int64_t stride = 16 * (int64_t)step;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += stride) {
+        const __m512 v = _mm512_loadu_ps(w + i);
+        acc = _mm512_mask_add_ps(acc, _mm512_cmp_ps_mask(v, cv, _CMP_GE_OQ), acc, v);
+    }
+    double r = _mm512_reduce_add_ps(acc);
+    for (; i < n; ++i) r += w[i] >= c ? w[i] : 0.0f;
+    return r * step;
+}
+
+}  // namespace ds4
