@@ -18,7 +18,7 @@
 //
 // The weights need not be known exactly to round w / u: an approximation within a relative error
 // of kApproxWeightRel (and 2^-125 absolute, below 2^-40 units) decides round(w / u) unless y lies within that error of
-// a half-integer, or y is large (> 4096: then the error is large in units). Those blocks evaluate
+// a half-integer, or y is large (> 16384: then the error is a sizeable part of a unit). Those blocks evaluate
 // the exact weights. Early in a sum (s small against the terms) most blocks do; once s is large
 // against the terms, almost none. Runs of exact zeros (arguments below -105, and -inf) are skipped.
 // The AVX-512 build does this (binade_sum_avx512.cpp); other builds run the plain loops, which

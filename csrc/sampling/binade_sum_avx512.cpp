@@ -76,7 +76,7 @@ bool units_of(const float* src, bool approx, const float* wa, float* wa_out, int
         const __m512 w = wa ? _mm512_loadu_ps(wa + k) : approx_exp(_mm512_loadu_ps(src + k));
         if (wa_out) _mm512_storeu_ps(wa_out + k, w);
         __m512i d = _mm512_setzero_si512();
-        if (block_units(_mm512_mul_ps(w, scale), kApproxWeightRel, 4096.0f, d) != 0xFFFF) {
+        if (block_units(_mm512_mul_ps(w, scale), kApproxWeightRel, 16384.0f, d) != 0xFFFF) {
             exp_weights(src + k, wb, kLanes);
             const __m512 we = _mm512_load_ps(wb);
             if (wa_out) _mm512_storeu_ps(wa_out + k, we);   // exact weights are good guides too

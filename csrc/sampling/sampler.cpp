@@ -138,22 +138,6 @@ DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
     return n;
 }
 
-DS4_SAMPLING_HOT int32_t count_finite(const float* a, int64_t n) {
-    int32_t c = 0;
-    for (int64_t i = 0; i < n; ++i) c += finite(a[i]) ? 1 : 0;
-    return c;
-}
-
-// x[i] = fl(fl(a[i] - m) / t), -inf for non-finite a[i] (dividing by 1 is exact: skipped).
-DS4_SAMPLING_HOT void shifted_args(const float* a, int64_t n, float m, float t, float* x) {
-    if (t == 1.0f) {
-        for (int64_t i = 0; i < n; ++i) x[i] = finite(a[i]) ? a[i] - m : kNegInf;
-    } else {
-        for (int64_t i = 0; i < n; ++i) x[i] = finite(a[i]) ? (a[i] - m) / t : kNegInf;
-    }
-}
-
-
 // A weight c = 2^(-k/2) whose (estimated) entries >= c hold `mass`, as large as the grid allows;
 // 0 when even 2^-48 does not. Bisection: about 7 passes over a quarter of the weights (every
 // fourth block of 16): a guess, which the caller checks.
@@ -226,8 +210,9 @@ void Sampler::top_sorted(const float* a, int64_t n, int64_t m) {
 }
 
 void Sampler::collect_logits_at_least(const float* a, int64_t n, float floor) {
-    ids_.resize((size_t)n + 16);
-    ids_.resize((size_t)collect_finite_at_least(a, n, floor, ids_.data()));
+    if (tmp_ids_.size() < (size_t)n + 16) tmp_ids_.resize((size_t)n + 16);   // grown once, never cleared
+    const int64_t k = collect_finite_at_least(a, n, floor, tmp_ids_.data());
+    ids_.assign(tmp_ids_.begin(), tmp_ids_.begin() + k);
 }
 
 void Sampler::weights_of_ids() {
@@ -293,7 +278,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     // Every finite token's weight (non-finite logits weigh 0: they add nothing to sums or walks),
     // evaluated exactly only where the total needs it (binade_sum.h).
     x_.resize((size_t)n);
-    shifted_args(a, n, m, t, x_.data());
+    const int64_t n_finite = shifted_args(a, n, m, t, x_.data());
     const bool need_mass = top_p < 1.0f && min_p == 0.0f;
     wall_.resize((size_t)n);   // approximate weights: guides for the mass threshold and the walk
     const float total = binade_weight_total(x_.data(), n, wall_.data());
@@ -306,7 +291,6 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
 
     // Sorted branch: a sorted prefix that the filters stop inside decides; grow it until one does.
     // Prefixes are taken by logit (logit_floor), so equal logits are never split.
-    const int32_t n_finite = count_finite(a, n);
     bool done = false;
     if (min_p > 0.0f) {
         // p/total >= fl(1/total)*min_p needs p >= min_p up to a few ulps: a 0.1% margin is a superset.

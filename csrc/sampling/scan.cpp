@@ -27,6 +27,20 @@ int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t*
     return k;
 }
 
+int64_t shifted_args(const float* a, int64_t n, float m, float t, float* x) {
+#if defined(DS4_ARCH_X86)
+    if (use_avx512()) return shifted_args_avx512(a, n, m, t, x);
+#endif
+    const float neg_inf = -__builtin_inff();
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const bool fin = a[i] - a[i] == 0.0f;   // false for NaN and +-inf
+        c += fin;
+        x[i] = fin ? (t == 1.0f ? a[i] - m : (a[i] - m) / t) : neg_inf;
+    }
+    return c;
+}
+
 double mass_at_least(const float* w, int64_t n, float c, int step) {
 #if defined(DS4_ARCH_X86)
     if (use_avx512()) return mass_at_least_avx512(w, n, c, step);

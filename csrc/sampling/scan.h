@@ -13,6 +13,11 @@ int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t*
 // times step: an estimate of the mass at or above c, for choosing thresholds only.
 double mass_at_least(const float* w, int64_t n, float c, int step);
 
+// x[i] = fl(fl(a[i] - m) / t), -inf for non-finite a[i] (dividing by 1 is exact: skipped);
+// returns how many a[i] are finite.
+int64_t shifted_args(const float* a, int64_t n, float m, float t, float* x);
+
+int64_t shifted_args_avx512(const float* a, int64_t n, float m, float t, float* x);
 int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, int32_t* out);
 double mass_at_least_avx512(const float* w, int64_t n, float c, int step);
 

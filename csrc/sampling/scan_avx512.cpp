@@ -25,6 +25,23 @@ int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, i
     return k;
 }
 
+int64_t shifted_args_avx512(const float* a, int64_t n, float m, float t, float* x) {
+    const __m512 mv = _mm512_set1_ps(m), tv = _mm512_set1_ps(t), zero = _mm512_setzero_ps();
+    const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+    const bool divide = t != 1.0f;
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 in = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(in, a + i);
+        const __mmask16 fin = in & _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ);
+        __m512 d = _mm512_sub_ps(v, mv);
+        if (divide) d = _mm512_div_ps(d, tv);
+        _mm512_mask_storeu_ps(x + i, in, _mm512_mask_blend_ps(fin, neg_inf, d));
+        c += __builtin_popcount((unsigned)fin);
+    }
+    return c;
+}
+
 double mass_at_least_avx512(const float* w, int64_t n, float c, int step) {
     const __m512 cv = _mm512_set1_ps(c);
     __m512 acc = _mm512_setzero_ps();
