@@ -38,7 +38,8 @@ inline uint32_t desc_key(float v) {
 }
 
 // Sorts ids (given in ascending id order) by logit descending; equal logits keep id order (LSD
-// radix on the 32-bit key is stable).
+// radix is stable). Keys are taken relative to the smallest, so a list of logits spanning few
+// float values needs few 12-bit digits (two cover 2^24 distinct values).
 void sort_desc(const float* a, std::vector<int32_t>& ids, std::vector<uint64_t>& keys, std::vector<uint64_t>& tmp) {
     const size_t m = ids.size();
     if (m < 2) return;
@@ -48,15 +49,22 @@ void sort_desc(const float* a, std::vector<int32_t>& ids, std::vector<uint64_t>&
     }
     keys.resize(m);
     tmp.resize(m);
-    for (size_t i = 0; i < m; ++i) keys[i] = ((uint64_t)desc_key(a[ids[i]]) << 32) | (uint32_t)ids[i];
-    size_t count[256];
-    for (int shift = 32; shift < 64; shift += 8) {
-        std::fill(count, count + 256, 0);
-        for (size_t i = 0; i < m; ++i) ++count[(keys[i] >> shift) & 0xFF];
-        if (count[(keys[0] >> shift) & 0xFF] == m) continue;   // one digit value: the pass is a no-op
-        size_t off = 0;
-        for (size_t& c : count) { const size_t k = c; c = off; off += k; }
-        for (size_t i = 0; i < m; ++i) tmp[count[(keys[i] >> shift) & 0xFF]++] = keys[i];
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (size_t i = 0; i < m; ++i) {
+        const uint32_t k = desc_key(a[ids[i]]);
+        lo = std::min(lo, k);
+        hi = std::max(hi, k);
+    }
+    for (size_t i = 0; i < m; ++i) keys[i] = ((uint64_t)(desc_key(a[ids[i]]) - lo) << 32) | (uint32_t)ids[i];
+    const int bits = hi == lo ? 0 : 32 - __builtin_clz(hi - lo);
+    constexpr int kDigit = 12;
+    static thread_local uint32_t count[1 << kDigit];
+    for (int shift = 32; shift < 32 + bits; shift += kDigit) {
+        std::fill(count, count + (1 << kDigit), 0u);
+        for (size_t i = 0; i < m; ++i) ++count[(keys[i] >> shift) & ((1 << kDigit) - 1)];
+        uint32_t off = 0;
+        for (uint32_t& c : count) { const uint32_t k = c; c = off; off += k; }
+        for (size_t i = 0; i < m; ++i) tmp[count[(keys[i] >> shift) & ((1 << kDigit) - 1)]++] = keys[i];
         keys.swap(tmp);
     }
     for (size_t i = 0; i < m; ++i) ids[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
@@ -108,24 +116,6 @@ DS4_SAMPLING_HOT float block_max(const float* a, int64_t m, float init) {
     return r;
 }
 
-// Largest finite value of a[0..n) (-inf when none is finite).
-DS4_SAMPLING_HOT float finite_max(const float* a, int64_t n) {
-    const F16 neg = kNegInf - (F16){};
-    F16 acc = neg;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const F16 v = load16(a + i);
-        const F16 fv = (v - v == 0.0f) ? v : neg;   // NaN and +-inf fail v - v == 0
-        acc = fv > acc ? fv : acc;
-    }
-    float r = lanes_max(acc, kNegInf);
-    for (; i < n; ++i) {
-        const float fv = finite(a[i]) ? a[i] : kNegInf;
-        r = fv > r ? fv : r;
-    }
-    return r;
-}
-
 // First i with a[i] == v (n when none).
 DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
     for (int64_t b = 0; b < n; b += kBlock) {
@@ -138,14 +128,22 @@ DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
     return n;
 }
 
-// A weight c = 2^(-k/2) whose (estimated) entries >= c hold `mass`, as large as the grid allows;
-// 0 when even 2^-48 does not. Bisection: about 7 passes over a quarter of the weights (every
-// fourth block of 16): a guess, which the caller checks.
-float mass_threshold(const float* w, int64_t n, double mass) {
+// A weight c = 2^(-k/4) whose (estimated) entries >= c hold `mass`, as large as the grid allows;
+// 0 when even 2^-48 does not: a guess, which the caller checks. Bisection, about 8 steps. The
+// few weights >= 2^-8 are summed exactly once (a heavy tail holds much of the mass in a few
+// tokens, which a sample would miss); below that, every fourth block of 16 estimates the rest.
+float mass_threshold(const float* w, int64_t n, double mass, std::vector<int32_t>& scratch) {
+    const float big = 0x1p-8f;
     const int step = n >= 4096 ? 4 : 1;
-    auto mass_at = [&](float c) { return mass_at_least(w, n, c, step); };
-    auto c_of = [](int k) { return (float)std::ldexp(k % 2 ? 0.70710678118654752 : 1.0, -(k / 2)); };
-    int lo = 0, hi = 96;   // mass(c_of(hi)) >= mass > mass(c_of(lo)) once checked
+    if (scratch.size() < (size_t)n + 16) scratch.resize((size_t)n + 16);
+    const int64_t n_big = collect_finite_at_least(w, n, big, scratch.data());
+    auto mass_at = [&](float c) {
+        double r = 0.0;
+        for (int64_t j = 0; j < n_big; ++j) r += w[scratch[j]] >= c ? w[scratch[j]] : 0.0f;
+        return c >= big ? r : r + mass_in(w, n, c, big, step);
+    };
+    auto c_of = [](int k) { return (float)std::exp2(-0.25 * k); };
+    int lo = 0, hi = 192;   // mass_at(c_of(hi)) >= mass > mass_at(c_of(lo)) once checked
     if (mass_at(c_of(hi)) < mass) return 0.0f;
     if (mass_at(c_of(lo)) >= mass) return c_of(lo);
     while (hi - lo > 1) {
@@ -309,8 +307,9 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // The top-p walk stops once the kept weights reach top_p of the total: the tokens whose
         // (approximate) weights hold a little more than that are a sorted prefix that very likely
         // contains the stop; filter_sorted checks that it does, else the pools below decide.
-        const float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.01);
-        if (c > 0.0f) {
+        // A second, 4x lower guess covers an unlucky estimate before the pools take over.
+        float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_);
+        for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
             collect_logits_at_least(a, n, logit_floor(m, t, c));
             sort_desc(a, ids_, keys_, tmp_keys_);
             weights_of_ids();

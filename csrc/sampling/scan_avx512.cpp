@@ -25,6 +25,21 @@ int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, i
     return k;
 }
 
+float finite_max_avx512(const float* a, int64_t n) {
+    const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff()), zero = _mm512_setzero_ps();
+    __m512 acc0 = neg_inf, acc1 = neg_inf;   // two chains: the max latency, not one add per cycle
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 v0 = _mm512_loadu_ps(a + i), v1 = _mm512_loadu_ps(a + i + 16);
+        acc0 = _mm512_mask_max_ps(acc0, _mm512_cmp_ps_mask(_mm512_sub_ps(v0, v0), zero, _CMP_EQ_OQ), acc0, v0);
+        acc1 = _mm512_mask_max_ps(acc1, _mm512_cmp_ps_mask(_mm512_sub_ps(v1, v1), zero, _CMP_EQ_OQ), acc1, v1);
+    }
+    float r = _mm512_reduce_max_ps(_mm512_max_ps(acc0, acc1));
+    for (; i < n; ++i)
+        if (a[i] - a[i] == 0.0f && a[i] > r) r = a[i];
+    return r;
+}
+
 int64_t shifted_args_avx512(const float* a, int64_t n, float m, float t, float* x) {
     const __m512 mv = _mm512_set1_ps(m), tv = _mm512_set1_ps(t), zero = _mm512_setzero_ps();
     const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
@@ -42,17 +57,18 @@ int64_t shifted_args_avx512(const float* a, int64_t n, float m, float t, float* 
     return c;
 }
 
-double mass_at_least_avx512(const float* w, int64_t n, float c, int step) {
-    const __m512 cv = _mm512_set1_ps(c);
+double mass_in_avx512(const float* w, int64_t n, float lo, float hi, int step) {
+    const __m512 lv = _mm512_set1_ps(lo), hv = _mm512_set1_ps(hi);
     __m512 acc = _mm512_setzero_ps();
     const int64_t stride = 16 * (int64_t)step;
     int64_t i = 0;
     for (; i + 16 <= n; i += stride) {
         const __m512 v = _mm512_loadu_ps(w + i);
-        acc = _mm512_mask_add_ps(acc, _mm512_cmp_ps_mask(v, cv, _CMP_GE_OQ), acc, v);
+        const __mmask16 in = _mm512_cmp_ps_mask(v, lv, _CMP_GE_OQ) & _mm512_cmp_ps_mask(v, hv, _CMP_LT_OQ);
+        acc = _mm512_mask_add_ps(acc, in, acc, v);
     }
     double r = _mm512_reduce_add_ps(acc);
-    for (; i < n; ++i) r += w[i] >= c ? w[i] : 0.0f;
+    for (; i < n; ++i) r += (w[i] >= lo && w[i] < hi) ? w[i] : 0.0f;
     return r * step;
 }
 
