@@ -518,8 +518,9 @@ def _f32_bits_equal(a, b) -> bool:
 
 
 def _plain_sum(w) -> np.float32:
-    w = np.asarray(w, dtype=np.float32)
-    return np.cumsum(w, dtype=np.float32)[-1] if w.size else F(0)
+    # s = 0; s += w[i]: the leading 0 matters (0 + -0 is +0, which cumsum alone would not give)
+    w = np.concatenate([[F(0)], np.asarray(w, dtype=np.float32)])
+    return np.cumsum(w, dtype=np.float32)[-1]
 
 
 def _terms(kind: str, seed: int, n: int) -> np.ndarray:

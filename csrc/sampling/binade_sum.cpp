@@ -2,7 +2,6 @@
 
 #include <vector>
 
-#include "quant/simd.h"
 #include "sampling/binade_sum_impl.h"
 #include "sampling/exp_weights.h"
 
@@ -17,31 +16,19 @@
 // > 2^23. Terms below u/2 round to 0 units: they leave the sum unchanged, as in the plain loop.
 //
 // The weights need not be known exactly to round w / u: an approximation within a relative error
-// of kApproxWeightRel (and 2^-125 absolute, below 2^-40 units) decides round(w / u) unless y lies within that error of
-// a half-integer, or y is large (> 16384: then the error is a sizeable part of a unit). Those blocks evaluate
-// the exact weights. Early in a sum (s small against the terms) most blocks do; once s is large
-// against the terms, almost none. Runs of exact zeros (arguments below -105, and -inf) are skipped.
+// of kApproxWeightRel (and 2^-125 absolute, below 2^-40 units) decides round(w / u) unless y lies
+// within that error of a half-integer, or y is large (> 16384 units: the error is then a sizeable
+// part of a unit). Such blocks evaluate their exact weights and round those. Early in a sum (s
+// small against the terms) most blocks do; once s is large against the terms, almost none. Runs
+// of exact zeros (arguments below -105, and -inf) are skipped.
 // The AVX-512 build does this (binade_sum_avx512.cpp); other builds run the plain loops, which
 // give the same values.
 
 namespace ds4 {
 
-namespace {
-
-bool use_avx512() {
-#if defined(DS4_ARCH_X86)
-    const SimdPath p = simd_path();
-    return p == SimdPath::AVX512 || p == SimdPath::AVX512VNNI;
-#else
-    return false;
-#endif
-}
-
-}  // namespace
-
 float binade_seq_sum(const float* w, int64_t n) {
 #if defined(DS4_ARCH_X86)
-    if (use_avx512()) return binade_seq_sum_avx512(w, n);
+    if (sampling_avx512()) return binade_seq_sum_avx512(w, n);
 #endif
     float s = 0.0f;
     for (int64_t i = 0; i < n; ++i) s += w[i];
@@ -50,7 +37,7 @@ float binade_seq_sum(const float* w, int64_t n) {
 
 float binade_weight_total(const float* x, int64_t n, float* wa) {
 #if defined(DS4_ARCH_X86)
-    if (use_avx512()) return binade_weight_total_avx512(x, n, wa);
+    if (sampling_avx512()) return binade_weight_total_avx512(x, n, wa);
 #endif
     std::vector<float> own;
     if (!wa) {
@@ -65,14 +52,14 @@ float binade_weight_total(const float* x, int64_t n, float* wa) {
 
 int64_t binade_weight_walk(const float* x, const float* wa, int64_t n, float r) {
 #if defined(DS4_ARCH_X86)
-    if (use_avx512()) return binade_weight_walk_avx512(x, wa, n, r);
+    if (sampling_avx512()) return binade_weight_walk_avx512(x, wa, n, r);
 #endif
     return binade::walk_plain(x, n, r);
 }
 
 void approx_exp_weights(const float* x, float* w, int64_t n) {
 #if defined(DS4_ARCH_X86)
-    if (use_avx512()) return approx_exp_weights_avx512(x, w, n);
+    if (sampling_avx512()) return approx_exp_weights_avx512(x, w, n);
 #endif
     exp_weights(x, w, n);
 }

@@ -54,8 +54,9 @@ void sort_desc(const float* a, std::vector<int32_t>& ids, std::vector<uint64_t>&
         const uint32_t k = desc_key(a[ids[i]]);
         lo = std::min(lo, k);
         hi = std::max(hi, k);
+        keys[i] = ((uint64_t)k << 32) | (uint32_t)ids[i];
     }
-    for (size_t i = 0; i < m; ++i) keys[i] = ((uint64_t)(desc_key(a[ids[i]]) - lo) << 32) | (uint32_t)ids[i];
+    for (size_t i = 0; i < m; ++i) keys[i] -= (uint64_t)lo << 32;
     const int bits = hi == lo ? 0 : 32 - __builtin_clz(hi - lo);
     constexpr int kDigit = 12;
     static thread_local uint32_t count[1 << kDigit];

@@ -1,25 +1,12 @@
 #include "sampling/scan.h"
 
-#include "quant/simd.h"
+#include "sampling/exp_weights.h"
 
 namespace ds4 {
 
-namespace {
-
-bool use_avx512() {
-#if defined(DS4_ARCH_X86)
-    const SimdPath p = simd_path();
-    return p == SimdPath::AVX512 || p == SimdPath::AVX512VNNI;
-#else
-    return false;
-#endif
-}
-
-}  // namespace
-
 int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t* out) {
 #if defined(DS4_ARCH_X86)
-    if (use_avx512()) return collect_finite_at_least_avx512(a, n, floor, out);
+    if (sampling_avx512()) return collect_finite_at_least_avx512(a, n, floor, out);
 #endif
     int64_t k = 0;
     for (int64_t i = 0; i < n; ++i)
@@ -29,7 +16,7 @@ int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t*
 
 float finite_max(const float* a, int64_t n) {
 #if defined(DS4_ARCH_X86)
-    if (use_avx512()) return finite_max_avx512(a, n);
+    if (sampling_avx512()) return finite_max_avx512(a, n);
 #endif
     float r = -__builtin_inff();
     for (int64_t i = 0; i < n; ++i)
@@ -39,7 +26,7 @@ float finite_max(const float* a, int64_t n) {
 
 int64_t shifted_args(const float* a, int64_t n, float m, float t, float* x) {
 #if defined(DS4_ARCH_X86)
-    if (use_avx512()) return shifted_args_avx512(a, n, m, t, x);
+    if (sampling_avx512()) return shifted_args_avx512(a, n, m, t, x);
 #endif
     const float neg_inf = -__builtin_inff();
     int64_t c = 0;
@@ -53,7 +40,7 @@ int64_t shifted_args(const float* a, int64_t n, float m, float t, float* x) {
 
 double mass_in(const float* w, int64_t n, float lo, float hi, int step) {
 #if defined(DS4_ARCH_X86)
-    if (use_avx512()) return mass_in_avx512(w, n, lo, hi, step);
+    if (sampling_avx512()) return mass_in_avx512(w, n, lo, hi, step);
 #endif
     double r = 0.0;
     for (int64_t b = 0; b < n; b += 16 * (int64_t)step)
