@@ -186,6 +186,10 @@ DotNFn dot_n_fn(const DotKernels& k, GgmlType t) {
     }
 }
 
+PreparedDot prepared_dot(const DotKernels& k, GgmlType t) {
+    return t == GgmlType::Q8_0 ? k.q8_0_prep : PreparedDot{};
+}
+
 }  // namespace quant
 
 }  // namespace ds4
