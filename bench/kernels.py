@@ -23,7 +23,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Result, add_common_args, copy_bandwidth, machine_info, measure, report, time_call  # noqa: E402
+from _common import (Result, add_common_args, copy_bandwidth, machine_info, measure, read_bandwidth, report,  # noqa: E402
+                     time_call)
 
 import ds4._core as core  # noqa: E402
 
@@ -197,6 +198,10 @@ def main(argv=None) -> None:
     copy = copy_bandwidth(64 if args.quick else 256, repeats=args.repeats)
     results.append(copy)
     print(f"copy bandwidth (1 thread, numpy): {copy.median:.2f} GB/s (min {copy.min:.2f}, max {copy.max:.2f})")
+    read = read_bandwidth(args.threads, 64 if args.quick else 256, repeats=args.repeats)
+    results.append(read)
+    print(f"read bandwidth ({args.threads} threads, ds4 stream_read): {read.median:.2f} GB/s "
+          f"(min {read.min:.2f}, max {read.max:.2f}); decode is bandwidth-bound when matvec GB/s is near it")
     try:
         if sections & {"dense", "experts"}:
             rows_out: list[dict] = []
@@ -204,8 +209,10 @@ def main(argv=None) -> None:
                 bench_dense(args, paths, copy.median, results, rows_out)
             if "experts" in sections:
                 bench_experts(args, paths, copy.median, results, rows_out)
-            print(f"\nweight streaming, {args.threads} threads (of_copy = GB/s / copy bandwidth)")
-            _table(rows_out, ["case", "type", "path", "GB/s", "spread", "of_copy"], results, args)
+            for row in rows_out:
+                row["of_read"] = row["GB/s"] / read.median
+            print(f"\nweight streaming, {args.threads} threads (of_copy / of_read = GB/s / copy / read bandwidth)")
+            _table(rows_out, ["case", "type", "path", "GB/s", "spread", "of_copy", "of_read"], results, args)
         if "matmul" in sections:
             rows_out = []
             bench_matmul(args, paths, results, rows_out)
@@ -220,7 +227,8 @@ def main(argv=None) -> None:
     finally:
         core.set_simd_path(active)
     if args.json:
-        machine = machine_info(threads=args.threads, simd_paths=core.simd_paths(), copy_gbs=copy.median)
+        machine = machine_info(threads=args.threads, simd_paths=core.simd_paths(), copy_gbs=copy.median,
+                               read_gbs=read.median)
         report(results, machine, argparse.Namespace(baseline=None, json=args.json), [], [])
 
 

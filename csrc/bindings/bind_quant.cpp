@@ -175,6 +175,14 @@ void init_quant(py::module_& m) {
         return y;
     }, py::arg("qtype"), py::arg("raw"), py::arg("shape"), py::arg("x"));
 
+    m.def("stream_read", [](const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& raw) {
+        const uint8_t* p = raw.data();
+        const int64_t bytes = (int64_t)raw.size();
+        py::gil_scoped_release nogil;
+        return ds4::stream_read(p, bytes);
+    }, py::arg("raw"), "reads every byte of a contiguous buffer on the thread pool; returns a checksum "
+                       "(time it for the read bandwidth)");
+
     m.def("matmul", [](int qtype, const py::buffer& raw, std::vector<int64_t> shape, const FloatArray& X) {
         const ds4::GgmlType t = checked_type(qtype);
         check_shape("matmul", shape, 2);

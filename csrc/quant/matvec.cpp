@@ -59,6 +59,25 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     if (rows == 0) return;
     check_ptrs("matvec", w, xq, y);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
+    const PreparedDot prep = prepared_dot(active_kernels(), t);
+    if (prep.dot) {
+        // The activation rearranged once for all rows (dot_kernels.h); same results as fn.
+        thread_local std::vector<uint8_t> buf;
+        buf.resize((size_t)prep.bytes(n));
+        prep.prepare(xq, n, buf.data());
+        const uint8_t* xp = buf.data();
+        pool_or_global(pool).parallel_for(
+            rows,
+            [&](int64_t r0, int64_t r1) {
+                const uint8_t* hi = wb + r1 * rb;
+                for (int64_t r = r0; r < r1; ++r) {
+                    prefetch_span(wb + r * rb + kPrefetchAhead, rb, hi);
+                    y[r] = prep.dot(wb + r * rb, xp, n);
+                }
+            },
+            min_rows_per_task(rb));
+        return;
+    }
     pool_or_global(pool).parallel_for(
         rows,
         [&](int64_t r0, int64_t r1) {
@@ -251,6 +270,39 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
             }
         },
         1);
+}
+
+uint64_t stream_read(const void* p, int64_t bytes, ThreadPool* pool) {
+    if (bytes < 0) fail(ErrorKind::InvalidArgument, "stream_read: negative size " + std::to_string(bytes));
+    if (bytes > 0 && !p) fail(ErrorKind::InvalidArgument, "stream_read: null buffer");
+    const uint8_t* base = static_cast<const uint8_t*>(p);
+    const int64_t chunk = 256 * 1024;  // work item; whole 64-byte lines except at the end
+    const int64_t n_chunks = (bytes + chunk - 1) / chunk;
+    std::vector<uint64_t> sums((size_t)n_chunks, 0);
+    pool_or_global(pool).parallel_for(
+        n_chunks,
+        [&](int64_t c0, int64_t c1) {
+            for (int64_t c = c0; c < c1; ++c) {
+                const uint8_t* q = base + c * chunk;
+                const int64_t len = c + 1 < n_chunks ? chunk : bytes - c * chunk;
+                // Eight independent accumulators: the adds keep up with the loads.
+                uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                int64_t i = 0;
+                for (; i + 64 <= len; i += 64) {
+                    for (int k = 0; k < 8; ++k) {
+                        uint64_t v;
+                        std::memcpy(&v, q + i + 8 * k, 8);
+                        acc[k] += v;
+                    }
+                }
+                for (; i < len; ++i) acc[0] += q[i];
+                sums[(size_t)c] = acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+            }
+        },
+        1);
+    uint64_t total = 0;
+    for (uint64_t v : sums) total += v;
+    return total;
 }
 
 }  // namespace ds4
