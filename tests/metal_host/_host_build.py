@@ -18,11 +18,15 @@ def host_cxx() -> str | None:
     return None
 
 
-def build_shared(sources: list[Path], out: Path) -> Path:
+def build_shared(sources: list[Path], out: Path, include: list[Path] = ()) -> Path:
     cxx = host_cxx()
     if cxx is None:
         raise RuntimeError("no C++ compiler on PATH (set CXX)")
-    cmd = [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Werror", "-I", str(ROOT / "csrc"),
-           *map(str, sources), "-o", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    cmd = [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Werror", "-I", str(ROOT / "csrc")]
+    for d in include:
+        cmd += ["-I", str(d)]
+    cmd += [*map(str, sources), "-o", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr}")
     return out
