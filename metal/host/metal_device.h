@@ -16,6 +16,10 @@ namespace metal {
 // sources not found or not compiling).
 std::unique_ptr<Device> make_apple_metal_device(std::string* why_not);
 
+// Why make_apple_metal_device would fail, checked cheaply (device, GPU family, sources found;
+// nothing compiled), or "" when it should succeed. Computed once per process.
+const std::string& apple_metal_unavailable_reason();
+
 }  // namespace metal
 }  // namespace backend
 }  // namespace ds4

@@ -238,7 +238,7 @@ public:
             }
             in_flight_.clear();
         }
-        if (!failures.empty()) fail(ErrorKind::Io, "metal: a command buffer failed on the GPU: " + failures);
+        if (!failures.empty()) fail(ErrorKind::Internal, "metal: a command buffer failed on the GPU: " + failures);
     }
 
 private:
@@ -412,42 +412,74 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Device> make_apple_metal_device(std::string* why_not) {
-    auto refuse = [&](const std::string& why) -> std::unique_ptr<Device> {
-        if (why_not) *why_not = why;
-        return nullptr;
-    };
-    @autoreleasepool {
-        id<MTLDevice> dev = MTLCreateSystemDefaultDevice();
-        if (!dev) return refuse("metal: no Metal device on this machine");
-        // simdgroup_matrix and the simd collectives the kernels use need Apple family 7 (M1) or later.
-        if (![dev supportsFamily:MTLGPUFamilyApple7]) {
-            return refuse(std::string("metal: the GPU '") + [dev.name UTF8String] +
-                          "' is not Apple GPU family 7 or later (Apple Silicon M1+)");
+namespace {
+
+// The Metal device, if it can run the kernels; else nil with *why set.
+id<MTLDevice> usable_device(std::string* why) {
+    id<MTLDevice> dev = MTLCreateSystemDefaultDevice();
+    if (!dev) {
+        *why = "metal: no Metal device on this machine";
+        return nil;
+    }
+    // simdgroup_matrix and the simd collectives the kernels use need Apple family 7 (M1) or later.
+    if (![dev supportsFamily:MTLGPUFamilyApple7]) {
+        *why = std::string("metal: the GPU '") + [dev.name UTF8String] +
+               "' is not Apple GPU family 7 or later (Apple Silicon M1+)";
+        return nil;
+    }
+    return dev;
+}
+
+// The first folder of source_dirs() that exists, or "" with *why listing those tried.
+std::string find_source_dir(std::string* why) {
+    std::string tried;
+    for (const std::string& dir : source_dirs()) {
+        std::error_code ec;
+        if (std::filesystem::is_directory(dir, ec)) return dir;
+        tried += (tried.empty() ? "" : ", ") + dir;
+    }
+    *why = "metal: the kernel sources (ds4/metal/*.metal) were not found (looked in: " + tried +
+           "; set DS4_METAL_DIR to a folder holding them)";
+    return "";
+}
+
+}  // namespace
+
+const std::string& apple_metal_unavailable_reason() {
+    static const std::string reason = [] {
+        std::string why;
+        @autoreleasepool {
+            if (usable_device(&why)) find_source_dir(&why);
         }
-        // Serial encoders unless DS4_METAL_CONCURRENT=1 asks for concurrent ones ordered by the
-        // dispatch layer's barriers (docs/metal.md).
-        const char* conc = std::getenv("DS4_METAL_CONCURRENT");
-        const MTLDispatchType dispatch = conc && std::string(conc) == "1" ? MTLDispatchTypeConcurrent : MTLDispatchTypeSerial;
-        auto device = std::make_unique<AppleDevice>(dev, dispatch);
-        device->set_name(std::string("metal (") + [dev.name UTF8String] + ")");
-        std::string tried;
-        for (const std::string& dir : source_dirs()) {
-            std::error_code ec;
-            if (!std::filesystem::is_directory(dir, ec)) {
-                tried += (tried.empty() ? "" : ", ") + dir;
-                continue;
-            }
+        return why;
+    }();
+    return reason;
+}
+
+std::unique_ptr<Device> make_apple_metal_device(std::string* why_not) {
+    std::string why;
+    std::unique_ptr<AppleDevice> device;
+    @autoreleasepool {
+        id<MTLDevice> dev = usable_device(&why);
+        const std::string dir = dev ? find_source_dir(&why) : std::string();
+        if (!dir.empty()) {
+            // Serial encoders unless DS4_METAL_CONCURRENT=1 asks for concurrent ones ordered by the
+            // dispatch layer's barriers (docs/metal.md).
+            const char* conc = std::getenv("DS4_METAL_CONCURRENT");
+            const MTLDispatchType dispatch =
+                conc && std::string(conc) == "1" ? MTLDispatchTypeConcurrent : MTLDispatchTypeSerial;
+            device = std::make_unique<AppleDevice>(dev, dispatch);
+            device->set_name(std::string("metal (") + [dev.name UTF8String] + ")");
             try {
                 device->compile(dir);
             } catch (const Error& e) {
-                return refuse(e.what());
+                why = e.what();
+                device.reset();
             }
-            return device;
         }
-        return refuse("metal: the kernel sources (ds4/metal/*.metal) were not found (looked in: " + tried +
-                      "; set DS4_METAL_DIR to a folder holding them)");
     }
+    if (!device && why_not) *why_not = why;
+    return device;
 }
 
 }  // namespace metal

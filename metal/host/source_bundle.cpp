@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -25,12 +24,22 @@ std::string read_text(const fs::path& p) {
     return s.str();
 }
 
+// The words of a preprocessor line ("#  include \"x.h\"" -> {"include", "\"x.h\""}); empty
+// for a line that is not a directive.
+std::vector<std::string> directive_words(const std::string& line) {
+    std::vector<std::string> words;
+    size_t i = line.find_first_not_of(" \t");
+    if (i == std::string::npos || line[i] != '#') return words;
+    std::istringstream rest(line.substr(i + 1));
+    std::string w;
+    while (rest >> w) words.push_back(w);
+    return words;
+}
+
 // Appends `name` (found in dir) to out with its quoted includes inlined; `seen` holds the headers
 // already inlined into this translation unit.
 void append_inlined(const fs::path& dir, const std::string& name, const std::string& included_from,
                     std::set<std::string>& seen, std::string& out) {
-    static const std::regex include_line(R"re(^\s*#\s*include\s*"([^"]+)"\s*$)re");
-    static const std::regex pragma_once(R"(^\s*#\s*pragma\s+once\s*$)");
     const fs::path path = dir / name;
     if (!fs::is_regular_file(path)) {
         fail(ErrorKind::Io, "metal: " + included_from + " includes \"" + name + "\", which is not in " + dir.string());
@@ -41,12 +50,14 @@ void append_inlined(const fs::path& dir, const std::string& name, const std::str
     out += "#line 1 \"" + name + "\"\n";
     while (std::getline(in, line)) {
         ++number;
-        std::smatch m;
-        if (std::regex_match(line, m, include_line)) {
-            const std::string header = m[1].str();
+        const std::vector<std::string> words = directive_words(line);
+        const bool quoted_include = words.size() == 2 && words[0] == "include" && words[1].size() > 2 &&
+                                    words[1].front() == '"' && words[1].back() == '"';
+        if (quoted_include) {
+            const std::string header = words[1].substr(1, words[1].size() - 2);
             if (seen.insert(header).second) append_inlined(dir, header, name, seen, out);
             out += "#line " + std::to_string(number + 1) + " \"" + name + "\"\n";
-        } else if (std::regex_match(line, pragma_once)) {
+        } else if (words.size() == 2 && words[0] == "pragma" && words[1] == "once") {
             out += "\n";
         } else {
             out += line;
