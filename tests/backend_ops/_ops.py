@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as Q
 import ds4
 import ds4._core as core
 from ds4.backends import load_metal_emu
+from _gpu_backends import compared_backends
 from test_quant_blocks import random_weights
 
 THREADS = 2
@@ -18,18 +19,17 @@ REFERENCE = core.OpHarness("cpu", "scalar", THREADS)
 
 
 def _backends_under_test() -> list:
-    """pytest params (name, harness): every CPU SIMD path, every other available backend, and
-    metal-emu skipped with the reason where it cannot be built (no clang)."""
+    """pytest params (name, harness): every CPU SIMD path, then the backends compared with the CPU
+    (tests/_gpu_backends.py: every available GPU backend and metal-emu, skipped with the reason
+    where it cannot be built; or exactly those $DS4_TEST_BACKENDS names)."""
     out = [pytest.param(f"cpu-{p}", core.OpHarness("cpu", p, THREADS), id=f"cpu-{p}") for p in core.simd_paths()]
-    for b in ds4.available_backends():
-        if b.name == "cpu":
+    for name, skip in compared_backends():
+        if skip:
+            out.append(pytest.param(name, None, id=name, marks=pytest.mark.skip(reason=skip)))
             continue
-        if b.available:
-            if b.name == "metal-emu":
-                load_metal_emu()        # compiles the kernels the first time (cached on disk)
-            out.append(pytest.param(b.name, core.OpHarness(b.name, "", THREADS), id=b.name))
-        elif b.name == "metal-emu":
-            out.append(pytest.param(b.name, None, id=b.name, marks=pytest.mark.skip(reason=b.reason)))
+        if name == "metal-emu":
+            load_metal_emu()        # compiles the kernels the first time (cached on disk)
+        out.append(pytest.param(name, core.OpHarness(name, "", THREADS), id=name))
     return out
 
 
