@@ -35,8 +35,8 @@ def objcxx():
     return c
 
 
-def check(compiler, source: Path, out_dir: Path) -> subprocess.CompletedProcess:
-    argv = list(compiler.argv)
+def check(compiler, source: Path, out_dir: Path, defines: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    argv = list(compiler.argv) + [f"-D{d}" for d in defines]
     lang = "objective-c++" if source.suffix == ".mm" else "c++"
     flags = ["-x", lang, "-std=c++17", "-fobjc-arc", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror",
              "-I", str(HOST / "stub"), "-I", str(HOST), "-I", str(ROOT / "csrc")]
@@ -54,6 +54,12 @@ def test_there_is_objective_cxx_to_check():
 @pytest.mark.parametrize("src", HOST_FILES, ids=lambda p: p.name)
 def test_host_compiles_against_the_stub_metal_api(objcxx, src, tmp_path):
     r = check(objcxx, src, tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_registry_apple_branch_compiles(objcxx, tmp_path):
+    """csrc/backend/registry.cpp as metal/metal.cmake builds it on Apple (DS4_HAVE_APPLE_METAL)."""
+    r = check(objcxx, ROOT / "csrc" / "backend" / "registry.cpp", tmp_path, ("DS4_HAVE_APPLE_METAL=1",))
     assert r.returncode == 0, r.stderr
 
 
