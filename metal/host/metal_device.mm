@@ -199,10 +199,11 @@ class AppleQueue final : public Queue {
 public:
     AppleQueue(id<MTLCommandQueue> q, MTLDispatchType dispatch) : queue_(q), encoder_(dispatch) {}
     ~AppleQueue() override {
-        // Buffers the in-flight work uses may be freed right after this: wait for it first.
+        // Buffers the in-flight work uses may be freed right after this: wait for it first. Work
+        // encoded but never committed is dropped (its results could not be read any more); its
+        // encoder is ended first, as Metal requires before a release.
         @autoreleasepool {
             encoder_.finish();
-            if (cb_) [cb_ commit];
             cb_ = nil;
             for (id<MTLCommandBuffer> cb : in_flight_) [cb waitUntilCompleted];
         }
