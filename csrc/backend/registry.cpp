@@ -4,6 +4,8 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/metal/emu_device.h"
+#include "backend/metal/metal_backend.h"
 #include "common/errors.h"
 
 namespace ds4 {
@@ -18,6 +20,12 @@ std::vector<BackendInfo> available_backends() {
 #endif
     out.push_back({"cuda", false, "cuda: not built (no CUDA backend in this version)"});
     out.push_back({"cpu", true, ""});
+    // The Metal kernels on the CPU emulator (tests; docs/metal.md). After the CPU so that "auto"
+    // never picks it; available once ds4.metal_emu has built the library and handed its path over.
+    const bool emu = !metal::emu_library_path().empty();
+    out.push_back({"metal-emu", emu,
+                   emu ? "" : "metal-emu: the Metal emulator library is not loaded (asking for backend='metal-emu' "
+                              "from Python builds it with clang and loads it)"});
     return out;
 }
 
@@ -37,6 +45,7 @@ std::unique_ptr<Backend> create_backend(const std::string& name, int threads) {
     if (!pick) fail(ErrorKind::Unsupported, "unknown backend '" + name + "' (available: " + avail + ")");
     if (!pick->available) fail(ErrorKind::Unsupported, pick->reason + " (available: " + avail + ")");
     if (pick->name == "cpu") return make_cpu_backend(threads);
+    if (pick->name == "metal-emu") return make_metal_backend(metal::make_emu_device(), "metal-emu", threads);
     fail(ErrorKind::Unsupported, "backend '" + pick->name + "' has no constructor (available: " + avail + ")");
 }
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType as Q
 
 import ds4
 import ds4._core as core
+from ds4.backends import load_metal_emu
 from test_quant_blocks import random_weights
 
 THREADS = 2
@@ -15,15 +17,24 @@ THREADS = 2
 REFERENCE = core.OpHarness("cpu", "scalar", THREADS)
 
 
-def _backends_under_test() -> list[tuple[str, "core.OpHarness"]]:
-    out = [(f"cpu-{p}", core.OpHarness("cpu", p, THREADS)) for p in core.simd_paths()]
-    out += [(b.name, core.OpHarness(b.name, "", THREADS)) for b in ds4.available_backends()
-            if b.available and b.name != "cpu"]
+def _backends_under_test() -> list:
+    """pytest params (name, harness): every CPU SIMD path, every other available backend, and
+    metal-emu skipped with the reason where it cannot be built (no clang)."""
+    out = [pytest.param(f"cpu-{p}", core.OpHarness("cpu", p, THREADS), id=f"cpu-{p}") for p in core.simd_paths()]
+    for b in ds4.available_backends():
+        if b.name == "cpu":
+            continue
+        if b.available:
+            if b.name == "metal-emu":
+                load_metal_emu()        # compiles the kernels the first time (cached on disk)
+            out.append(pytest.param(b.name, core.OpHarness(b.name, "", THREADS), id=b.name))
+        elif b.name == "metal-emu":
+            out.append(pytest.param(b.name, None, id=b.name, marks=pytest.mark.skip(reason=b.reason)))
     return out
 
 
 BACKENDS = _backends_under_test()
-BACKEND_IDS = [name for name, _ in BACKENDS]
+BACKEND_IDS = [p.id for p in BACKENDS]
 
 # On the CPU backend only the dot products differ between SIMD paths (the quantised row dots of
 # quant/, and the float dots of attention and indexer scoring, which use 8 interleaved partial

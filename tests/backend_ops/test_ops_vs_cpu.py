@@ -9,14 +9,14 @@ from gguf import GGMLQuantizationType as Q
 from hypothesis import given, settings, strategies as st
 
 import ds4._core as core
-from _ops import BACKEND_IDS, BACKENDS, NMSE_REQUANT, REFERENCE, assert_matches, floats, rope, weight
+from _ops import BACKENDS, NMSE_REQUANT, REFERENCE, assert_matches, floats, rope, weight
 
 WEIGHT_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
 FLOAT_TYPES = (Q.F32, Q.F16)
 EXPERT_TYPES = (Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
 BATCH = st.sampled_from([1, 2, 3, 7, 256])          # decode, small odd batches, a full MoE batch
 FEW = settings(max_examples=12, deadline=None, derandomize=True)   # same draws in every CI run
-backends = pytest.mark.parametrize("name,h", BACKENDS, ids=BACKEND_IDS)
+backends = pytest.mark.parametrize("name,h", BACKENDS)
 
 
 def _block(q: Q) -> int:

@@ -270,7 +270,8 @@ def matvec_experts(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, i
     row_bytes = n // elems * bsize
     y = np.zeros((k, rows), np.float32)
     args = _struct(n=n, rows=rows, row_bytes=row_bytes, n_slots=k, expert_bytes=row_bytes * rows,
-                   x_slot_bytes=0 if xq.shape[0] == 1 else xq.shape[1], n_expert=n_expert)
+                   x_slot_bytes=0 if xq.shape[0] == 1 else xq.shape[1], n_expert=n_expert,
+                   slots_per_x=1)
     per_group = MV_ROWS * MV_SIMDGROUPS
     return run(f"matvec_experts_{suffix}", buffers=[args, np.ascontiguousarray(raw).view(np.uint8).reshape(-1), xq,
                                                     ids, y], outputs=[4],
