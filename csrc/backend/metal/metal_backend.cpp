@@ -4,50 +4,20 @@
 #include <cstring>
 
 #include "backend/metal/metal_stream.h"
+#include "backend/metal/model_views.h"
 #include "common/errors.h"
 
 namespace ds4 {
 namespace backend {
 namespace metal {
 
-namespace {
-
-// The views a model mapping is wrapped in: [offset, offset + bytes) from the page-aligned base.
-// One view while the whole mapping fits under max_buffer_length; the overlapping multi-view plan
-// (no tensor straddles two views) is model_views.h's, swapped in here when it lands.
-struct ViewSpan {
-    uint64_t offset, bytes;
-};
-
-std::vector<ViewSpan> plan_model_views(uint64_t bytes, uint64_t max_len) {
-    if (bytes > max_len) {
-        fail(ErrorKind::Unsupported, "metal: the model mapping (" + std::to_string(bytes) +
-                                         " bytes) exceeds the device's max buffer length (" + std::to_string(max_len) +
-                                         "); multi-view mapping is not implemented yet");
-    }
-    return {ViewSpan{0, bytes}};
-}
-
-}  // namespace
-
-// One map_model() registration: the mapping's page-aligned range wrapped in views (no copy).
+// One map_model() registration: the mapping wrapped in no-copy views (model_views.h).
 struct MetalBackend::ModelMap final : public Buffer {
     MetalBackend& be;
-    const uint8_t* base;        // the caller's base
-    uint64_t size;
-    const uint8_t* aligned;     // base rounded down to a page
-    std::vector<ViewSpan> spans;
-    std::vector<std::unique_ptr<DeviceBuffer>> views;
+    ModelViews views;
 
-    ModelMap(MetalBackend& b, const void* p, uint64_t n) : Buffer(nullptr, n), be(b), base((const uint8_t*)p), size(n) {
-        Device& dev = be.device();
-        const uint64_t page = dev.page_size();
-        aligned = (const uint8_t*)((uintptr_t)base / page * page);
-        // Whole pages around the mapping: the pages that hold its first and last bytes are mapped.
-        const uint64_t span = ((uint64_t)(base - aligned) + n + page - 1) / page * page;
-        spans = plan_model_views(span, dev.max_buffer_length() / page * page);
-        for (const ViewSpan& v : spans) views.push_back(dev.wrap_no_copy(const_cast<uint8_t*>(aligned) + v.offset, v.bytes));
-    }
+    ModelMap(MetalBackend& b, const void* p, uint64_t n, uint64_t largest_tensor)
+        : Buffer(nullptr, n), be(b), views(b.device(), p, n, largest_tensor) {}
     ~ModelMap() override { be.unregister(this); }
 };
 
@@ -60,8 +30,8 @@ std::unique_ptr<Buffer> MetalBackend::alloc(uint64_t bytes) {
     return std::make_unique<MetalBuffer>(dev_->new_buffer(bytes), bytes);
 }
 
-std::unique_ptr<Buffer> MetalBackend::map_model(const void* base, uint64_t size) {
-    auto m = std::make_unique<ModelMap>(*this, base, size);
+std::unique_ptr<Buffer> MetalBackend::map_model(const void* base, uint64_t size, uint64_t largest_tensor) {
+    auto m = std::make_unique<ModelMap>(*this, base, size, largest_tensor);
     std::lock_guard<std::mutex> lock(maps_mutex_);
     maps_.push_back(m.get());
     return m;
@@ -75,12 +45,10 @@ void MetalBackend::unregister(const ModelMap* m) {
 WeightLocation MetalBackend::locate(const uint8_t* p, uint64_t bytes, const std::string* what) const {
     std::lock_guard<std::mutex> lock(maps_mutex_);
     for (const ModelMap* m : maps_) {
-        if (p < m->base || p + bytes > m->base + m->size) continue;
-        const uint64_t rel = (uint64_t)(p - m->aligned);
-        for (size_t i = 0; i < m->spans.size(); ++i) {
-            const ViewSpan& v = m->spans[i];
-            if (rel >= v.offset && rel + bytes <= v.offset + v.bytes) return {m->views[i].get(), rel - v.offset};
-        }
+        const ModelViews& v = m->views;
+        if (p < v.base() || p + bytes > v.base() + v.size()) continue;
+        const ViewLocation at = v.locate(p, bytes);
+        return {at.buffer, at.offset};
     }
     fail(ErrorKind::InvalidArgument, name_ + ": weight " + (what ? *what : std::string("(unnamed)")) +
                                          " is not inside a mapped model (map_model)");

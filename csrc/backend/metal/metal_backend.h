@@ -5,7 +5,7 @@
 // Memory: every Buffer is a DeviceBuffer, used as device memory (Buffer::host() is null), so the
 // graph reads and writes it only through Stream::upload/download, which wait for the stream's
 // queued work first: the CPU never reads a value before the GPU has written it. The mapped model
-// is wrapped without a copy (page-aligned views, model_views below) and a weight (TensorRef) is
+// is wrapped without a copy (page-aligned overlapping views, model_views.h) and a weight (TensorRef) is
 // found at byte (data - map base) of it.
 //
 // Threads: the backend (device, pipelines, model views) is shared by the sessions of an engine
@@ -52,7 +52,7 @@ public:
 
     const char* name() const override { return name_.c_str(); }
     std::unique_ptr<Buffer> alloc(uint64_t bytes) override;
-    std::unique_ptr<Buffer> map_model(const void* base, uint64_t size) override;
+    std::unique_ptr<Buffer> map_model(const void* base, uint64_t size, uint64_t largest_tensor) override;
     bool supports(Op op, GgmlType weight_type) const override;
     std::unique_ptr<Stream> new_stream() override;
     int threads() const override { return threads_; }
