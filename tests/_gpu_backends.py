@@ -5,9 +5,10 @@ By default: every available GPU backend of the registry, plus ``metal-emu`` (the
 on the CPU emulator), which is skipped with its reason where no clang is found.
 ``$DS4_TEST_BACKENDS`` (comma-separated names) replaces that list. On a Mac::
 
-    DS4_TEST_BACKENDS=metal python -m pytest -q tests/backend_ops tests/engine
+    DS4_TEST_BACKENDS=metal python -m pytest -q tests/backend_ops tests/metal_engine tests/engine/test_metal_emu_threads.py
 
-runs the same comparisons on the real GPU instead of the emulator. A name given there that is
+runs the same comparisons on the real GPU instead of the emulator (the Metal end-to-end tests
+take their backend name from metal_under_test()). A name given there that is
 not available here is an error with the registry's reason, never a skip: a run that asked for
 the GPU and did not use it must not pass.
 """

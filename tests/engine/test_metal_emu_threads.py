@@ -5,14 +5,20 @@ pipelines and model views are shared read-only, and the emulator runs one dispat
 
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ds4
 
-_EMU = next(b for b in ds4.available_backends() if b.name == "metal-emu")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _gpu_backends import metal_under_test  # noqa: E402
+
+METAL = metal_under_test()   # metal-emu, or metal (the GPU) with DS4_TEST_BACKENDS=metal
+_EMU = next(b for b in ds4.available_backends() if b.name == METAL)
 pytestmark = pytest.mark.skipif(not _EMU.available, reason=_EMU.reason)
 
 
@@ -25,7 +31,7 @@ def _run(eng: ds4.Engine, prompt: list[int]) -> tuple[np.ndarray, np.ndarray, by
 
 
 def test_concurrent_sessions_match_sequential_ones(tiny_path) -> None:
-    eng = ds4.Engine(tiny_path, backend="metal-emu", prefill_chunk=8)
+    eng = ds4.Engine(tiny_path, backend=METAL, prefill_chunk=8)
     prompts = [[(7 * i + 3 * k) % 200 + 1 for i in range(n)] for k, n in enumerate((21, 14, 17))]
     try:
         sequential = [_run(eng, p) for p in prompts]

@@ -12,23 +12,27 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "engine"))   # _compare: the engine tests' statistics
+sys.path.insert(0, str(Path(__file__).parent.parent))   # _gpu_backends: metal-emu, or metal on a Mac
 
 import ds4  # noqa: E402
 import ds4.testing  # noqa: E402
+from _gpu_backends import metal_under_test  # noqa: E402
+
+METAL = metal_under_test()   # "metal-emu"; "metal" with DS4_TEST_BACKENDS=metal (the real GPU)
 
 
 def metal_emu_reason() -> str:
     for b in ds4.available_backends():
-        if b.name == "metal-emu":
+        if b.name == METAL:
             return "" if b.available else b.reason
-    return "this build has no metal-emu backend"
+    return f"this build has no {METAL} backend"
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _need_metal_emu():
     reason = metal_emu_reason()
     if reason:
-        pytest.skip(f"metal-emu unavailable: {reason}")
+        pytest.skip(f"{METAL} unavailable: {reason}")
 
 
 @pytest.fixture(scope="session")

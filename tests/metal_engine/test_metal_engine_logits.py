@@ -17,7 +17,10 @@ import pytest
 
 import ds4
 
+from _gpu_backends import metal_under_test
 from _noise import assert_agrees, assert_rejects_perturbations
+
+METAL = metal_under_test()   # metal-emu, or metal (the GPU) with DS4_TEST_BACKENDS=metal
 
 CHUNK = 48          # prefill chunk: a 136-token prefill runs as 48 + 48 + 40
 PREFILL = 136       # past the ratio-128 window (128) and the raw-window wrap (129)
@@ -45,9 +48,9 @@ CASES = [("tiny", "q2"), ("tiny-pro", "q4"), ("tiny", "q4"), ("tiny-pro", "q2")]
 @pytest.mark.parametrize("preset,experts", CASES, ids=[f"{p}-{e}" for p, e in CASES])
 def test_prefill_and_decode_match_cpu(model_path, preset, experts):
     path = model_path(preset, experts)
-    metal = ds4.Engine(path, backend="metal-emu", prefill_chunk=CHUNK)
+    metal = ds4.Engine(path, backend=METAL, prefill_chunk=CHUNK)
     cpu = ds4.Engine(path, backend="cpu", threads=2, prefill_chunk=CHUNK)
-    assert metal.backend == "metal-emu"
+    assert metal.backend == METAL
     n_vocab = cpu.info.shape.n_vocab
     toks = _prompt(n_vocab, PREFILL + DECODE, seed=len(preset) + len(experts))
     ours = _run(metal, toks[:PREFILL], toks[PREFILL:])
@@ -61,7 +64,7 @@ def test_decode_only_crosses_the_boundaries(model_path):
     """Token by token from position 0 (decode path only: mat-vec everywhere, one row per
     compressor store/pool/shift, the indexer switching on at 36, the ring wrapping at 129)."""
     path = model_path("tiny", "q2")
-    metal = ds4.Engine(path, backend="metal-emu")
+    metal = ds4.Engine(path, backend=METAL)
     cpu = ds4.Engine(path, backend="cpu", threads=2)
     toks = _prompt(cpu.info.shape.n_vocab, 140, seed=7)
     rows = {}

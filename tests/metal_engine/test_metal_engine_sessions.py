@@ -13,13 +13,16 @@ import pytest
 import ds4
 from ds4.payload import read_payload_info
 
+from _gpu_backends import metal_under_test
 from _noise import assert_agrees
+
+METAL = metal_under_test()   # metal-emu, or metal (the GPU) with DS4_TEST_BACKENDS=metal
 
 
 @pytest.fixture(scope="module")
 def engines(model_path):
     path = model_path("tiny", "q2")
-    return ds4.Engine(path, backend="metal-emu", prefill_chunk=48), ds4.Engine(path, backend="cpu", threads=2,
+    return ds4.Engine(path, backend=METAL, prefill_chunk=48), ds4.Engine(path, backend="cpu", threads=2,
                                                                                  prefill_chunk=48)
 
 
@@ -53,11 +56,11 @@ def test_sync_rewind_and_snapshot_are_exact(engines):
     assert np.array_equal(np.array(s2.logits), full)
 
 
-@pytest.mark.parametrize("writer", ["metal-emu", "cpu"])
+@pytest.mark.parametrize("writer", ["metal", "cpu"])
 def test_payload_crosses_backends(engines, writer):
     """A DSV4 payload written by one backend loads into the other and continues like the writer."""
     metal, cpu = engines
-    src, dst = (metal, cpu) if writer == "metal-emu" else (cpu, metal)
+    src, dst = (metal, cpu) if writer == "metal" else (cpu, metal)
     toks = _toks(150, 2)            # past the ratio-128 window and the raw-window wrap
     a = src.session(ctx=256)
     a.sync(toks[:136])
@@ -107,7 +110,7 @@ def test_disk_kv_cache(engines, tmp_path):
 
 def test_mtp_drafts(model_path):
     path = model_path("tiny", "q2", mtp=True)
-    metal = ds4.Engine(path, backend="metal-emu")
+    metal = ds4.Engine(path, backend=METAL)
     cpu = ds4.Engine(path, backend="cpu", threads=2)
     toks = _toks(30, 3)
     rows = {}
