@@ -282,10 +282,12 @@ public:
         std::string why;   // thrown after the pool is drained
         @autoreleasepool {
             MTLCompileOptions* options = [MTLCompileOptions new];
-            // IEEE division and no denormal flushing: the bit-exact kernels rely on both
-            // (docs/metal.md, "For the host").
+            // IEEE division and no denormal flushing: the bit-exact kernels rely on both; precise
+            // exp/sin/cos: the float kernels' tolerances assume ulp-level functions (docs/metal.md,
+            // "Math mode"). Without fast-math (before macOS 15) the precise functions are the default.
             if (@available(macOS 15.0, iOS 18.0, *)) {
                 options.mathMode = MTLMathModeSafe;
+                options.mathFloatingPointFunctions = MTLMathFloatingPointFunctionsPrecise;
             } else {
 #pragma clang diagnostic push
 #pragma clang diagnostic ignored "-Wdeprecated-declarations"

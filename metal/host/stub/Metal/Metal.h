@@ -55,6 +55,11 @@ typedef NS_ENUM(NSInteger, MTLMathMode) {
     MTLMathModeFast = 2,
 } API_AVAILABLE(macos(15.0), ios(18.0));
 
+typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions) {
+    MTLMathFloatingPointFunctionsFast = 0,
+    MTLMathFloatingPointFunctionsPrecise = 1,
+} API_AVAILABLE(macos(15.0), ios(18.0));
+
 typedef struct {
     NSUInteger width, height, depth;
 } MTLSize;
@@ -70,6 +75,8 @@ static inline MTLSize MTLSizeMake(NSUInteger width, NSUInteger height, NSUIntege
 @property(readwrite, nonatomic) BOOL fastMathEnabled
     API_DEPRECATED("Use mathMode instead", macos(10.11, 15.0), ios(8.0, 18.0));
 @property(readwrite, nonatomic) MTLMathMode mathMode API_AVAILABLE(macos(15.0), ios(18.0));
+@property(readwrite, nonatomic) MTLMathFloatingPointFunctions mathFloatingPointFunctions
+    API_AVAILABLE(macos(15.0), ios(18.0));
 @end
 
 @interface MTLFunctionConstantValues : NSObject <NSCopying>
