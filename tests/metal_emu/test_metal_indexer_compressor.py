@@ -51,6 +51,16 @@ def test_indexer_scores(emu, data):
     assert not moved.any() or (np.abs(got - wrong)[moved] > bound[moved]).all()
 
 
+@FAST
+@given(n_head=st.integers(1, 70), seed=st.integers(0, 2**32 - 1))
+def test_indexer_weights_scale_is_exact(emu, n_head, seed):
+    """w * (1/sqrt(head_dim * n_head)) in float32, bit for bit (the CPU's in-place scaling)."""
+    w = np.random.default_rng(seed).standard_normal(n_head).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(np.float32(128 * n_head))
+    got = ops.indexer_weights_scale(ops.checked(emu), w, float(scale))
+    assert np.array_equal(got.view(np.uint32), (w * scale).astype(np.float32).view(np.uint32))
+
+
 def _cpu_top_k(scores, k):
     """The CPU's rule (csrc/layers/indexer.cpp select_top_k): NaN and the sentinel never qualify."""
     n = scores.size
