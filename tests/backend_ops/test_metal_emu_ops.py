@@ -229,3 +229,30 @@ def test_thread_orders_give_identical_results(emu, order, monkeypatch):
                  lambda h: h.rms_norm(x, x[0], 1e-6), lambda h: h.head_rms_norm(x, 4, 64, 1e-6),
                  lambda h: h.swiglu(x, x * 2, 1.0, 1.5), lambda h: h.argmax(x[1])):
         assert_exact(np.atleast_1d(call(other)), np.atleast_1d(call(emu)), order)
+
+
+@pytest.mark.parametrize("cap", [32, 64])
+def test_pipelines_capped_below_the_host_defaults(emu, cap):
+    """maxTotalThreadsPerThreadgroup below what the host prefers (Apple GPUs lower it for
+    register-heavy kernels): the host sizes threadgroups within the cap — fewer simdgroups per
+    mat-vec group and norm, mat-vec instead of the 128-thread mat-mat — with the same results
+    within the same bounds (the mat-vec bound where the mat-vec ran)."""
+    from ds4 import metal_emu
+
+    lib = metal_emu.load()
+    before = lib.max_threads_per_threadgroup
+    lib.set_max_threads_per_threadgroup(cap)
+    try:
+        capped = core.OpHarness("metal-emu", "", 1)     # its pipelines report the cap
+        rng = np.random.default_rng(cap)
+        n, rows = 512, 13
+        w = weight(Q.Q4_K, n, rows, cap)
+        x = floats(rng, 3, n)
+        check_bound(capped.linear(w, int(Q.Q4_K), n, rows, x), REFERENCE.linear(w, int(Q.Q4_K), n, rows, x),
+                    matvec_bound(Q.Q4_K, w, n, rows, x))
+        y = floats(rng, 2, 700)
+        want = REFERENCE.rms_norm(y, None, 1e-6)
+        check_bound(capped.rms_norm(y, None, 1e-6), want, (700 / 2 + 4) * U * np.abs(want) + 1e-37)
+        assert capped.argmax(y[0]) == REFERENCE.argmax(y[0])
+    finally:
+        lib.set_max_threads_per_threadgroup(before)
