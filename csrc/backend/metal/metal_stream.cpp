@@ -127,8 +127,12 @@ Tensor MetalStream::scratch(const char* slot, DType type, int64_t width, int64_t
     return t;
 }
 
-uint32_t MetalStream::max_threads(const char* kernel, std::initializer_list<FunctionConstant> constants) {
-    return be_.device().pipeline(kernel, constants).max_threads_per_threadgroup();
+uint32_t MetalStream::threads_within(const char* kernel, std::initializer_list<FunctionConstant> constants,
+                                     uint32_t want) {
+    const Pipeline& p = be_.device().pipeline(kernel, constants);
+    const uint32_t width = p.thread_execution_width();
+    const uint32_t cap = std::max(p.max_threads_per_threadgroup() / width * width, width);
+    return std::min(want, cap);
 }
 
 void MetalStream::encode(const char* kernel, std::initializer_list<FunctionConstant> constants,
@@ -136,6 +140,12 @@ void MetalStream::encode(const char* kernel, std::initializer_list<FunctionConst
                          Size3 threads, bool grid_is_threads) {
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;   // nothing to do (empty batch / no rows)
     const Pipeline& p = be_.device().pipeline(kernel, constants);
+    if ((uint64_t)threads.x * threads.y * threads.z > p.max_threads_per_threadgroup()) {
+        fail(ErrorKind::Internal, std::string(be_.name()) + ": " + kernel + ": a threadgroup of " +
+                                      std::to_string((uint64_t)threads.x * threads.y * threads.z) +
+                                      " threads exceeds the pipeline's maximum of " +
+                                      std::to_string(p.max_threads_per_threadgroup()));
+    }
     Encoder& enc = queue_->encoder();
     if (dispatched_) enc.barrier();
     enc.set_pipeline(p);

@@ -120,8 +120,9 @@ public:
 
     // Submits the queued work and waits for it (throws the device's error, naming the kernel).
     void flush();
-    // The largest threadgroup a pipeline of `kernel` accepts (maxTotalThreadsPerThreadgroup).
-    uint32_t max_threads(const char* kernel, std::initializer_list<FunctionConstant> constants = {});
+    // `want` threads per threadgroup, lowered to whole simdgroups within the pipeline's
+    // maxTotalThreadsPerThreadgroup (which may be below 1024 for register-heavy kernels).
+    uint32_t threads_within(const char* kernel, std::initializer_list<FunctionConstant> constants, uint32_t want);
 
     MetalBackend& backend() { return be_; }
 

@@ -38,7 +38,8 @@ void MetalStream::rms_norm(const RmsNormArgs& a) {
     // An unweighted norm never reads buffer 2, but Metal wants every declared buffer bound.
     const Arg w = a.weight ? arg(*a.weight) : arg(a.x);
     dispatch("rms_norm_f32", {FunctionConstant::boolean(0, a.weight != nullptr)},
-             {bytes_arg(args), arg(a.x), w, arg(a.out)}, {32 * 4}, {(uint32_t)rows, 1, 1}, {norm_threads(n), 1, 1});
+             {bytes_arg(args), arg(a.x), w, arg(a.out)}, {32 * 4}, {(uint32_t)rows, 1, 1},
+             {threads_within("rms_norm_f32", {FunctionConstant::boolean(0, a.weight != nullptr)}, norm_threads(n)), 1, 1});
 }
 
 // A head is a row of head_dim: the plain norm over rows * n_head rows, in place.
@@ -48,7 +49,8 @@ void MetalStream::head_rms_norm(const HeadRmsNormArgs& a) {
     }
     const ds4_norm_args args{(uint)a.head_dim, (uint)a.head_dim, (uint)a.head_dim, a.eps};
     dispatch("rms_norm_f32", {FunctionConstant::boolean(0, false)}, {bytes_arg(args), arg(a.x), arg(a.x), arg(a.x)},
-             {32 * 4}, {(uint32_t)(a.x.rows() * a.n_head), 1, 1}, {norm_threads(a.head_dim), 1, 1});
+             {32 * 4}, {(uint32_t)(a.x.rows() * a.n_head), 1, 1},
+             {threads_within("rms_norm_f32", {FunctionConstant::boolean(0, false)}, norm_threads(a.head_dim)), 1, 1});
 }
 
 void MetalStream::store_row_f16(const StoreRowF16Args& a) {
@@ -56,7 +58,7 @@ void MetalStream::store_row_f16(const StoreRowF16Args& a) {
     const int64_t n = elements(a.src);
     const ds4_elementwise_args args{(uint)n, 0.0f};
     dispatch_threads("store_row_f16", {}, {bytes_arg(args), arg(a.src), arg(a.dst)}, {}, {(uint32_t)n, 1, 1},
-                     {kElementwiseThreads, 1, 1});
+                     {threads_within("store_row_f16", {}, kElementwiseThreads), 1, 1});
 }
 
 void MetalStream::swiglu(const SwigluArgs& a) {
@@ -65,7 +67,7 @@ void MetalStream::swiglu(const SwigluArgs& a) {
     const int64_t n = elements(a.g);
     const ds4_swiglu_args args{(uint)n, a.clamp, a.scale};
     dispatch_threads("swiglu", {}, {bytes_arg(args), arg(a.g), arg(a.u), arg(a.out)}, {}, {(uint32_t)n, 1, 1},
-                     {kElementwiseThreads, 1, 1});
+                     {threads_within("swiglu", {}, kElementwiseThreads), 1, 1});
 }
 
 void MetalStream::add(const AddArgs& a) {
@@ -74,13 +76,13 @@ void MetalStream::add(const AddArgs& a) {
     const int64_t n = elements(a.a);
     const ds4_elementwise_args args{(uint)n, 0.0f};
     dispatch_threads("add_f32", {}, {bytes_arg(args), arg(a.a), arg(a.b), arg(a.out)}, {}, {(uint32_t)n, 1, 1},
-                     {kElementwiseThreads, 1, 1});
+                     {threads_within("add_f32", {}, kElementwiseThreads), 1, 1});
 }
 
 void MetalStream::fill(const FillArgs& a) {
     const int64_t n = elements(a.t);
     const ds4_elementwise_args args{(uint)n, a.value};
-    dispatch_threads("fill_f32", {}, {bytes_arg(args), arg(a.t)}, {}, {(uint32_t)n, 1, 1}, {kElementwiseThreads, 1, 1});
+    dispatch_threads("fill_f32", {}, {bytes_arg(args), arg(a.t)}, {}, {(uint32_t)n, 1, 1}, {threads_within("fill_f32", {}, kElementwiseThreads), 1, 1});
 }
 
 void MetalStream::copy(const CopyArgs& a) {
@@ -93,7 +95,8 @@ void MetalStream::argmax(const ArgmaxArgs& a) {
     const int64_t n = a.x.width();
     const Tensor r = scratch("argmax.result", DType::I32, 1, 1);
     const ds4_elementwise_args args{(uint)n, 0.0f};
-    dispatch("argmax_f32", {}, {bytes_arg(args), arg(a.x), arg(r)}, {2 * 32 * 4}, {1, 1, 1}, {norm_threads(n), 1, 1});
+    dispatch("argmax_f32", {}, {bytes_arg(args), arg(a.x), arg(r)}, {2 * 32 * 4}, {1, 1, 1},
+             {threads_within("argmax_f32", {}, norm_threads(n)), 1, 1});
     download(r, a.result, 4);
 }
 

@@ -48,14 +48,17 @@ void matvec_or_matmul(MetalStream& s, const QuantKernel& k, const Arg& w, int64_
                       int64_t act_stride, int64_t n_tok, const Arg& y, int64_t y_stride) {
     const ds4_matvec_args args{(uint)n, (uint)rows, (uint)(n / k.block_elems * k.block_bytes), (uint)n_tok,
                                (uint)act_stride, (uint)y_stride};
-    const std::string suffix = k.suffix;
-    if (n_tok == 1) {
-        s.dispatch(("matvec_" + suffix).c_str(), {}, {bytes_arg(args), w, x, y}, {},
-                   {div_up(rows, kMvRows * kMvSimdgroups), 1, 1}, {32 * kMvSimdgroups, 1, 1});
-    } else {
-        s.dispatch(("matmul_" + suffix).c_str(), {}, {bytes_arg(args), w, x, y}, {2 * kMmTile * kMmTile * 4},
+    const std::string mm = "matmul_" + std::string(k.suffix), mv = "matvec_" + std::string(k.suffix);
+    // The mat-mat tile code needs its 4 simdgroups; a pipeline capped lower runs the mat-vec,
+    // which takes any token count (one threadgroup row per token).
+    if (n_tok > 1 && s.threads_within(mm.c_str(), {}, 128) == 128) {
+        s.dispatch(mm.c_str(), {}, {bytes_arg(args), w, x, y}, {2 * kMmTile * kMmTile * 4},
                    {div_up(rows, kMmTile), div_up(n_tok, kMmTile), 1}, {128, 1, 1});
+        return;
     }
+    const uint32_t threads = s.threads_within(mv.c_str(), {}, 32 * kMvSimdgroups);
+    s.dispatch(mv.c_str(), {}, {bytes_arg(args), w, x, y}, {}, {div_up(rows, kMvRows * (threads / 32)), (uint32_t)n_tok, 1},
+               {threads, 1, 1});
 }
 
 void MetalStream::linear(const LinearArgs& a) {

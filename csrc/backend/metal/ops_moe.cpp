@@ -23,8 +23,10 @@ void experts_matvec(MetalStream& s, const QuantKernel& k, const TensorRef& w, in
     const int64_t row_bytes = n / k.block_elems * k.block_bytes;
     const ds4_matvec_experts_args args{(uint)n,           (uint)rows,         (uint)row_bytes, (uint)n_slots,
                                        (uint)(row_bytes * rows), (uint)x.stride, (uint)n_expert, slots_per_x};
-    s.dispatch(("matvec_experts_" + std::string(k.suffix)).c_str(), {}, {bytes_arg(args), s.arg(w), x.arg, ids, y},
-               {}, {div_up(rows, kMvRows * kMvSimdgroups), (uint32_t)n_slots, 1}, {32 * kMvSimdgroups, 1, 1});
+    const std::string kernel = "matvec_experts_" + std::string(k.suffix);
+    const uint32_t threads = s.threads_within(kernel.c_str(), {}, 32 * kMvSimdgroups);
+    s.dispatch(kernel.c_str(), {}, {bytes_arg(args), s.arg(w), x.arg, ids, y}, {},
+               {div_up(rows, kMvRows * (threads / 32)), (uint32_t)n_slots, 1}, {threads, 1, 1});
 }
 
 }  // namespace
@@ -53,13 +55,13 @@ void MetalStream::routed_experts(const RoutedExpertsArgs& a) {
         const Tensor mid = scratch("moe.mid", DType::F32, F, slots);
         const ds4_swiglu_args sw{(uint)F, a.clamp, 1.0f};
         dispatch_threads("swiglu_rows", {}, {bytes_arg(sw), arg(g), arg(u), arg(a.weights, (uint64_t)(b0 * U * 4)), arg(mid)},
-                         {}, {(uint32_t)F, (uint32_t)slots, 1}, {(uint32_t)std::min<int64_t>(64, F), 1, 1});
+                         {}, {(uint32_t)F, (uint32_t)slots, 1}, {threads_within("swiglu_rows", {}, 64), 1, 1});
         const ActRows mq = quantize_rows(*this, *kd, mid, F, slots, "moe.midq");
         const Tensor dn = scratch("moe.down", DType::F32, E, slots);
         experts_matvec(*this, *kd, *a.down, F, E, a.n_expert, ids, slots, mq, 1, arg(dn));
         const ds4_sum_rows_args sr{(uint)E, (uint)U};
         dispatch_threads("sum_rows", {}, {bytes_arg(sr), arg(dn), arg(a.out.rows(b0, m))}, {}, {(uint32_t)E, (uint32_t)m, 1},
-                         {(uint32_t)std::min<int64_t>(64, E), 1, 1});
+                         {threads_within("sum_rows", {}, 64), 1, 1});
     }
 }
 
