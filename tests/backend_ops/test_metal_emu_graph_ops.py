@@ -185,3 +185,32 @@ def test_router_refuses_a_hash_row_outside_the_experts(emu):
     table[3, 1] = 9
     with pytest.raises(ds4.errors.Ds4Error, match="expert 9"):
         emu.router(floats(np.random.default_rng(0), 1, 8), [3], None, table, 2, 1.0)
+
+
+@pytest.mark.parametrize("cap", [32, 64])
+def test_pipelines_capped_below_the_host_defaults(emu, cap):
+    """maxTotalThreadsPerThreadgroup below the host's preferred sizes: attention and indexer
+    scoring run fewer simdgroups per threadgroup, the one-thread-per-element kernels smaller
+    groups; same results within the same bounds (selections, masks and FP8 exact)."""
+    from ds4 import metal_emu
+
+    lib = metal_emu.load()
+    before = lib.max_threads_per_threadgroup
+    lib.set_max_threads_per_threadgroup(cap)
+    try:
+        capped = core.OpHarness("metal-emu", "", 1)
+        rng = np.random.default_rng(cap)
+        got, want, (q, live, comp, mask), _ = _attention(capped, rng, 3, 256, 20, 17, 9, 13, True)
+        assert (np.abs(got - want) <= attention_bound(q, live, comp, mask, 3, 256)).all()
+        got, want, args = _indexer(capped, rng, 4, 37, 123)
+        assert (np.abs(got[0].reshape(-1) - want[0].reshape(-1)) <= _scores_bound(want, args[2], 4)).all()
+        s = floats(rng, 300)
+        assert_exact(capped.top_k_mask(s, 16), REFERENCE.top_k_mask(s, 16), "top-k mask")
+        kv, score = floats(rng, 8, 256), floats(rng, 8, 256)
+        for g, w in zip(capped.compressor_shift(kv, score, 128), REFERENCE.compressor_shift(kv, score, 128)):
+            assert_exact(g, w, "compressor shift")
+        logits = floats(rng, 3, 16, scale=3.0)
+        assert_exact(capped.router(logits, [0, 1, 2], None, None, 4, 1.5)[0],
+                     REFERENCE.router(logits, [0, 1, 2], None, None, 4, 1.5)[0], "router selections")
+    finally:
+        lib.set_max_threads_per_threadgroup(before)
