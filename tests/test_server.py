@@ -90,7 +90,7 @@ def _direct(engine, messages, think="none", max_tokens=8, **kw):
 
 def _parsed(fin):
     """The message the server returns for a non-thinking chat turn: its final parser splits at a
-    sampled ``</think>`` even when thinking is off (upstream behaviour, RUNTIME.md §8.2)."""
+    sampled ``</think>`` even when thinking is off (upstream behaviour, docs/runtime.md §8.2)."""
     return parse_generated(fin.content, thinking=False)
 
 
@@ -205,7 +205,7 @@ def test_thinking_stream_equals_nonstream_with_seed(server, engine):
     reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks)
     content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     # thinking mode: before </think> the text streams as reasoning; a turn that never closes its
-    # think block is returned as content by the final parser (upstream quirk, RUNTIME.md §8.2)
+    # think block is returned as content by the final parser (upstream quirk, docs/runtime.md §8.2)
     if "reasoning_content" in msg:
         assert reasoning == msg["reasoning_content"] and content == msg["content"]
     else:

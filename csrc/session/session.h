@@ -84,7 +84,7 @@ public:
     int64_t speculate_greedy(int32_t first, const int32_t* drafts, int64_t n_drafts);
 
     // MTP draft chain for the tokens after `first` (the token about to be committed): each step
-    // feeds the previous step's HC output and token (MODEL.md's convention, upstream's chain).
+    // feeds the previous step's HC output and token (docs/model.md's convention, upstream's chain).
     // mtp_draft_step(token) runs the next step and returns its draft logits; the first call after
     // a commit starts from the last committed token's hidden state with token = first.
     const float* mtp_draft_step(int32_t token);

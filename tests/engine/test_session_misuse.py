@@ -258,3 +258,36 @@ def test_stage_session_refuses_strided_payload_views(tiny_engine) -> None:
         stage.load_payload(memoryview(blob)[::-1])
     stage.load_payload(memoryview(blob))   # a contiguous view of the same bytes loads
     assert stage.pos == 3
+
+
+def test_stage_session_second_thread_gets_busy_error(tiny_engine) -> None:
+    # A pipeline stage's forward runs without the GIL: a second thread must be refused while it
+    # runs, and the stage must end in the state a lone caller would leave.
+    from ds4 import _core
+
+    tokens = np.array(_tokens(200, 3), dtype=np.int32)
+    stage = _core.StageSession(tiny_engine._model, 256)
+    refused: list[str] = []
+    for _ in range(20):   # retry until a probe lands inside the forward (it nearly always does at once)
+        stage.reset()
+        done = threading.Event()
+
+        def run() -> None:
+            stage.forward(tokens, 0, prefill=True)
+            done.set()
+
+        t = threading.Thread(target=run)
+        t.start()
+        while not done.is_set():
+            try:
+                stage.save_payload()
+            except SessionBusyError as e:
+                refused.append(str(e))
+                break
+        t.join(60)
+        if refused:
+            break
+    assert refused and "another thread" in refused[0]
+    lone = _core.StageSession(tiny_engine._model, 256)
+    lone.forward(tokens, 0, prefill=True)
+    assert stage.pos == 200 and stage.save_payload() == lone.save_payload()

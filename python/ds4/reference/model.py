@@ -73,7 +73,7 @@ def _hc_pre(streams: np.ndarray, fn: Tensor, scale: Tensor, base: Tensor, s: Mod
 
 
 def steer(y: np.ndarray, direction: np.ndarray, scale: float) -> np.ndarray:
-    """Directional steering of one layer output: ``y - scale * (d . y) * d`` (MODEL.md §3.9 step 4)."""
+    """Directional steering of one layer output: ``y - scale * (d . y) * d`` (docs/model.md §3.9 step 4)."""
     if scale == 0.0:
         return y
     coeff = np.float32(scale * float(np.dot(y.astype(np.float64), direction.astype(np.float64))))

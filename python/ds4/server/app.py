@@ -77,7 +77,7 @@ CORS_HEADERS = [
 
 @dataclass
 class ServerConfig:
-    """Server options (upstream ds4-server flags, RUNTIME.md §9.8, plus the ASGI app's own)."""
+    """Server options (upstream ds4-server flags, docs/runtime.md §9.8, plus the ASGI app's own)."""
 
     host: str = "127.0.0.1"
     port: int = 8000

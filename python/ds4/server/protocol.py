@@ -1,6 +1,6 @@
 """Request parsing for the HTTP server: OpenAI chat / completions and Anthropic messages.
 
-Each parser turns a JSON body into a :class:`Request`: the rendered prompt text (RUNTIME.md §2.3 /
+Each parser turns a JSON body into a :class:`Request`: the rendered prompt text (docs/runtime.md §2.3 /
 §2.4), its rendered-chat tokens, sampling knobs with upstream's defaults (§9.3) and the effective
 think mode. Malformed input raises :class:`RequestError` with the HTTP status and message upstream
 sends (400 ``"invalid JSON request"``, ``"missing messages"``, ...). Parsing and tokenization run on

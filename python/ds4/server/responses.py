@@ -1,6 +1,6 @@
 """OpenAI Responses API (``POST /v1/responses``): request parsing, final body and SSE events.
 
-Port of upstream's Responses support (RUNTIME.md §9.3, §9.6) for function tools: ``input`` as a
+Port of upstream's Responses support (docs/runtime.md §9.3, §9.6) for function tools: ``input`` as a
 string or items (``message``, ``function_call`` / ``custom_tool_call`` and their outputs,
 ``reasoning``, hosted-tool calls and outputs, ``compaction``), ``instructions``, ``tools``,
 ``tool_choice`` (``none`` / ``auto``), ``reasoning: {effort, summary}``. Not supported here:

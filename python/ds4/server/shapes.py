@@ -1,4 +1,4 @@
-"""Response bodies and SSE events, shaped as upstream's ds4-server writes them (RUNTIME.md §9.6).
+"""Response bodies and SSE events, shaped as upstream's ds4-server writes them (docs/runtime.md §9.6).
 
 Everything here is pure: functions take the finished values and return ``bytes`` (a JSON body with
 its trailing newline, or one SSE event). JSON is compact (no spaces) with upstream's member order.

@@ -1,4 +1,4 @@
-"""Live projection of a DSML tool block onto streamed tool-call events (RUNTIME.md §8.5).
+"""Live projection of a DSML tool block onto streamed tool-call events (docs/runtime.md §8.5).
 
 While the model writes ``<｜DSML｜tool_calls><｜DSML｜invoke name="f"><｜DSML｜parameter name="k"
 string="true">v</｜DSML｜parameter></｜DSML｜invoke>...``, :class:`ToolProjection` turns the bytes

@@ -1,6 +1,6 @@
 """The inference worker: one thread owns the engine's live session and runs jobs FIFO.
 
-Port of upstream's ``worker_main`` / ``generate_job`` (RUNTIME.md §9.1, §9.5, §9.7): one generation
+Port of upstream's ``worker_main`` / ``generate_job`` (docs/runtime.md §9.1, §9.5, §9.7): one generation
 at a time, no batching. The live session is kept between requests, so a conversation that extends
 the previous one only evaluates its new tokens. Cache decision, in upstream's order:
 
