@@ -127,6 +127,10 @@ Tensor MetalStream::scratch(const char* slot, DType type, int64_t width, int64_t
     return t;
 }
 
+uint32_t MetalStream::max_threads(const char* kernel, std::initializer_list<FunctionConstant> constants) {
+    return be_.device().pipeline(kernel, constants).max_threads_per_threadgroup();
+}
+
 uint32_t MetalStream::threads_within(const char* kernel, std::initializer_list<FunctionConstant> constants,
                                      uint32_t want) {
     const Pipeline& p = be_.device().pipeline(kernel, constants);

@@ -123,6 +123,8 @@ public:
     // `want` threads per threadgroup, lowered to whole simdgroups within the pipeline's
     // maxTotalThreadsPerThreadgroup (which may be below 1024 for register-heavy kernels).
     uint32_t threads_within(const char* kernel, std::initializer_list<FunctionConstant> constants, uint32_t want);
+    // The pipeline's maxTotalThreadsPerThreadgroup.
+    uint32_t max_threads(const char* kernel, std::initializer_list<FunctionConstant> constants = {});
 
     MetalBackend& backend() { return be_; }
 
