@@ -166,7 +166,11 @@ public:
             [compute_ endEncoding];
             compute_ = nil;
         }
-        if (!blit_) blit_ = [cb_ blitCommandEncoder];
+        if (!blit_) {
+            @autoreleasepool {   // the encoder is returned autoreleased; blit_ keeps it
+                blit_ = [cb_ blitCommandEncoder];
+            }
+        }
         [blit_ copyFromBuffer:mtl_of(src) sourceOffset:(NSUInteger)src_off toBuffer:mtl_of(dst)
             destinationOffset:(NSUInteger)dst_off size:(NSUInteger)bytes];
     }
@@ -178,7 +182,9 @@ private:
             [blit_ endEncoding];
             blit_ = nil;
         }
-        compute_ = [cb_ computeCommandEncoderWithDispatchType:dispatch_];
+        @autoreleasepool {   // the encoder is returned autoreleased; compute_ keeps it
+            compute_ = [cb_ computeCommandEncoderWithDispatchType:dispatch_];
+        }
         if (state_.pipeline) [compute_ setComputePipelineState:state_.pipeline->state()];
         for (const auto& b : state_.buffers) [compute_ setBuffer:b.second.first offset:(NSUInteger)b.second.second atIndex:b.first];
         for (const auto& b : state_.bytes) [compute_ setBytes:b.second.data() length:b.second.size() atIndex:b.first];
