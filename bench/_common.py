@@ -26,6 +26,7 @@ __all__ = [
     "Result",
     "add_common_args",
     "copy_bandwidth",
+    "read_bandwidth",
     "machine_info",
     "measure",
     "print_table",
@@ -87,6 +88,22 @@ def copy_bandwidth(mbytes: int = 256, repeats: int = 5) -> Result:
     dst = np.empty_like(src)
     secs = time_call(lambda: np.copyto(dst, src), repeats)
     return measure("copy_bandwidth", "GB/s", [n / s / 1e9 for s in secs], mbytes=mbytes)
+
+
+def read_bandwidth(threads: int, mbytes: int = 256, repeats: int = 5) -> Result:
+    """Read bandwidth with ``threads`` threads: bytes per second that ds4's thread pool reads from
+    a buffer much larger than the caches (``ds4._core.stream_read``, split like a decode matvec).
+    The ceiling for decode's weight streaming; a copy moves twice its bytes and is slower."""
+    import ds4._core as core
+
+    buf = np.ones(mbytes << 20, np.uint8)
+    old = core.threads()
+    core.set_threads(threads)
+    try:
+        secs = time_call(lambda: core.stream_read(buf), repeats)
+    finally:
+        core.set_threads(old)
+    return measure(f"read_bandwidth/t{threads}", "GB/s", [buf.size / s / 1e9 for s in secs], mbytes=mbytes)
 
 
 def _git_commit() -> str:

@@ -44,6 +44,7 @@ def main(argv: list[str]) -> int:
     if int(n_warmup) > 0:
         s.sync(ids[:int(n_warmup)])
     out: dict = {"load_seconds": load_s, "threads": eng.threads, "prefill_chunk": eng.prefill_chunk,
+                 "decode_weight_bytes": eng._model.decode_weight_bytes,
                  "prefill": {}, "decode_step_seconds": [], "decode_tokens": []}
     for k, n in enumerate(prefill_lens):
         s.reset()

@@ -6,7 +6,7 @@ bandwidth, and matmul GFLOP/s next to numpy float32 `@` on the same shape.
 
 Shapes: a dense 4096 x 4096 matvec per weight type; a Flash-like routed expert tensor of 256
 experts x 2048 rows x 4096 (6 experts selected per call, a different set each call so the
-selected weights come from memory, not cache); matmul 4096 x 4096 at batch 64 and 512; routed
+selected weights come from memory, not cache); matmul 4096 x 4096 at batch 64 and 512 next to the measured int8 dot peak (int8_peak below); routed
 experts for a prefill batch (64 / 512 tokens x 6 of 256 experts), batched (matmul_experts) vs
 token by token (matvec_experts).
 Weights are random valid blocks built in memory (finite f16 scales, any codes).
@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Result, add_common_args, copy_bandwidth, machine_info, measure, report, time_call  # noqa: E402
+from _common import (Result, add_common_args, copy_bandwidth, machine_info, measure, read_bandwidth, report,  # noqa: E402
+                     time_call)
 
 import ds4._core as core  # noqa: E402
 
@@ -90,8 +92,38 @@ def bench_experts(args, paths, copy_gbs, results, rows_out):
         del raw
 
 
+def int8_peak(threads: int) -> dict:
+    """The machine's int8 dot-product peak, measured: core.int8_dot_peak runs 12 independent
+    vpdpbusd zmm chains (64 int8 multiply-adds each) on every pool thread at once. Counted as 2 ops
+    per multiply-add, like the GEMM's 2*n*rows*batch. 'wall' is ops / wall time (what the threads
+    got, under whatever else runs); 'core' is ops per second of thread CPU time (one core's rate,
+    load-resistant). Zeros where the CPU/build lacks AVX-512 VNNI."""
+    p = max((core.int8_dot_peak(20_000_000) for _ in range(3)), key=lambda p: p["macs"] / max(p["wall_s"], 1e-12))
+    if p["macs"] == 0:
+        return {"wall": 0.0, "core": 0.0}
+    return {"wall": 2 * p["macs"] / p["wall_s"] / 1e9, "core": 2 * p["macs"] / p["cpu_s"] / 1e9}
+
+
+def time_and_cpu(fn, repeats: int) -> tuple[list[float], list[float]]:
+    """(wall seconds, process CPU seconds) per call: CPU time counts only the time the threads ran."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
+
+
 def bench_matmul(args, paths, results, rows_out):
     n = rows = 1024 if args.quick else 4096
+    peak = int8_peak(args.threads)
+    name = f"int8_peak/t{args.threads}"
+    results.append(measure(name + "/wall", "GOPS", [peak["wall"]]))
+    results.append(measure(name + "/core", "GOPS", [peak["core"]]))
+    print(f"int8 dot peak (vpdpbusd loop on {args.threads} threads): {peak['wall']:.0f} GOPS wall, "
+          f"{peak['core']:.0f} GOPS per core-second of CPU time")
     for nb in (64, 512):
         X = np.random.default_rng(3).standard_normal((nb, n)).astype(np.float32)
         flops = 2.0 * n * rows * nb
@@ -109,13 +141,19 @@ def bench_matmul(args, paths, results, rows_out):
             for path in paths:
                 core.set_simd_path(path)
                 reps = max(3, args.repeats // 2) if nb == 512 else args.repeats
-                secs = time_call(lambda: core.matmul(int(qtype), raw, (n, rows), X), reps, warmup=1)
+                secs, cpu = time_and_cpu(lambda: core.matmul(int(qtype), raw, (n, rows), X), reps)
                 name = f"matmul/{qtype.name}/{n}x{rows}/b{nb}/{path}/t{args.threads}"
                 r = measure(name, "GFLOP/s", [flops / s / 1e9 for s in secs])
-                results.append(r)
-                rows_out.append({"case": f"matmul b={nb}", "type": qtype.name, "path": path, "GFLOP/s": r.median,
-                                 "spread": f"{r.min:.3g}-{r.max:.3g}", "vs_numpy": r.median / np_gf,
-                                 "_names": {"GFLOP/s": name}})
+                rc = measure(name + "/per_cpu_s", "GFLOP/s", [flops / c / 1e9 for c in cpu])
+                results += [r, rc]
+                row = {"case": f"matmul b={nb}", "type": qtype.name, "path": path, "GFLOP/s": r.median,
+                       "spread": f"{r.min:.3g}-{r.max:.3g}", "vs_numpy": r.median / np_gf,
+                       "GFLOP/cpu-s": rc.median, "_names": {"GFLOP/s": name}}
+                if peak["core"] > 0:
+                    # wall rate / wall peak (same threads, same load), and CPU-time rate / one core's rate.
+                    row["of_peak"] = r.median / peak["wall"]
+                    row["cpu_of_peak"] = rc.median / peak["core"]
+                rows_out.append(row)
 
 
 def bench_experts_prefill(args, results, rows_out):
@@ -160,6 +198,10 @@ def main(argv=None) -> None:
     copy = copy_bandwidth(64 if args.quick else 256, repeats=args.repeats)
     results.append(copy)
     print(f"copy bandwidth (1 thread, numpy): {copy.median:.2f} GB/s (min {copy.min:.2f}, max {copy.max:.2f})")
+    read = read_bandwidth(args.threads, 64 if args.quick else 256, repeats=args.repeats)
+    results.append(read)
+    print(f"read bandwidth ({args.threads} threads, ds4 stream_read): {read.median:.2f} GB/s "
+          f"(min {read.min:.2f}, max {read.max:.2f}); decode is bandwidth-bound when matvec GB/s is near it")
     try:
         if sections & {"dense", "experts"}:
             rows_out: list[dict] = []
@@ -167,13 +209,16 @@ def main(argv=None) -> None:
                 bench_dense(args, paths, copy.median, results, rows_out)
             if "experts" in sections:
                 bench_experts(args, paths, copy.median, results, rows_out)
-            print(f"\nweight streaming, {args.threads} threads (of_copy = GB/s / copy bandwidth)")
-            _table(rows_out, ["case", "type", "path", "GB/s", "spread", "of_copy"], results, args)
+            for row in rows_out:
+                row["of_read"] = row["GB/s"] / read.median
+            print(f"\nweight streaming, {args.threads} threads (of_copy / of_read = GB/s / copy / read bandwidth)")
+            _table(rows_out, ["case", "type", "path", "GB/s", "spread", "of_copy", "of_read"], results, args)
         if "matmul" in sections:
             rows_out = []
             bench_matmul(args, paths, results, rows_out)
             print(f"\nmatmul, {args.threads} threads (numpy uses its own BLAS threads)")
-            _table(rows_out, ["case", "type", "path", "GFLOP/s", "spread", "vs_numpy"], results, args)
+            _table(rows_out, ["case", "type", "path", "GFLOP/s", "spread", "vs_numpy", "of_peak", "GFLOP/cpu-s",
+                              "cpu_of_peak"], results, args)
         if "experts_prefill" in sections:
             rows_out = []
             bench_experts_prefill(args, results, rows_out)
@@ -182,7 +227,8 @@ def main(argv=None) -> None:
     finally:
         core.set_simd_path(active)
     if args.json:
-        machine = machine_info(threads=args.threads, simd_paths=core.simd_paths(), copy_gbs=copy.median)
+        machine = machine_info(threads=args.threads, simd_paths=core.simd_paths(), copy_gbs=copy.median,
+                               read_gbs=read.median)
         report(results, machine, argparse.Namespace(baseline=None, json=args.json), [], [])
 
 

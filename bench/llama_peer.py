@@ -2,6 +2,7 @@
 
     PYTHONPATH=python python bench/llama_peer.py                          # `small`, 5 rounds, 2 threads
     PYTHONPATH=python python bench/llama_peer.py --model bench --json peer.json
+    PYTHONPATH=python python bench/llama_peer.py --model small,bench --json peer.json  # peer-small.json, peer-bench.json
     PYTHONPATH=python python bench/llama_peer.py --model tiny --quick     # smoke run
     PYTHONPATH=python python bench/llama_peer.py --baseline peer.json     # new/old ratios
 
@@ -30,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import add_common_args, machine_info, measure, report  # noqa: E402
+from _common import add_common_args, machine_info, measure, read_bandwidth, report  # noqa: E402
 from _llama_cpp import LLAMA_CPP_PYTHON_VERSION, build_llama, default_root  # noqa: E402
 from _llama_gguf import convert_for_llama  # noqa: E402
 
@@ -43,7 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_args(p)
     p.set_defaults(repeats=5)
-    p.add_argument("--model", default="small", help="ds4.testing preset name or a DS4 GGUF path")
+    p.add_argument("--model", default="small",
+                   help="ds4.testing preset name or a DS4 GGUF path; a comma list runs each in turn")
     p.add_argument("--experts", default="q2", choices=["q2", "q4"], help="expert mix of a preset model")
     p.add_argument("--prefill", default="512,2048", help="prompt lengths (comma list)")
     p.add_argument("--decode", type=int, default=64, help="greedy decode steps after the first prompt")
@@ -141,8 +143,21 @@ def agreement(a: dict, b: dict, la: np.ndarray, lb: np.ndarray, prefill_lens: li
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    models = [m for m in args.model.split(",") if m]
+    if len(models) > 1 and args.baseline:
+        raise SystemExit("--baseline compares one model; run the models one at a time")
+    for name in models:
+        one = argparse.Namespace(**vars(args))
+        if len(models) > 1 and args.json:  # one JSON file per model: peer.json -> peer-small.json, ...
+            one.json = args.json.with_name(f"{args.json.stem}-{Path(name).stem}{args.json.suffix}")
+        run_model(one, name)
+    return 0
+
+
+def run_model(args: argparse.Namespace, model_name: str) -> None:
+    """All rounds on one model, then its table."""
     root = args.llama_root or default_root()
-    model = resolve_model(args.model, args.experts)
+    model = resolve_model(model_name, args.experts)
     build = build_llama(root, args.sdist, jobs=args.build_jobs)
     lmodel = llama_model(model, root)
 
@@ -151,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     n_vocab = ds4.inspection.inspect(model).shape.n_vocab
     n_ids = max(max(args.prefill_lens), args.warmup)
     ids = np.random.default_rng(args.seed).integers(0, n_vocab, n_ids).astype("<i4")
+    read_bw = [read_bandwidth(args.threads, repeats=3).median]  # decode's ceiling, before and after
     with tempfile.TemporaryDirectory() as tmp:
         ids_path = Path(tmp) / "ids.bin"
         ids.tofile(ids_path)
@@ -170,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r + 1}/{args.repeats}: prefill {args.prefill_lens[0]} tok/s  {line}  "
                   f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
 
+    read_bw.append(read_bandwidth(args.threads, repeats=3).median)
     per = {k: [figures(x, args.prefill_lens) for x in v] for k, v in runs.items()}
     loads = [x["load"] for v in runs.values() for x in v]
     metrics = list(per["ds4"][0])
@@ -193,14 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         warmup=args.warmup, model=str(model), llama_model=str(lmodel), llama_cpp_python=LLAMA_CPP_PYTHON_VERSION,
         llama_cpp_commit=build.commit, load_avg_1m={"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
         llama_n_ubatch=runs[names[-1]][0].get("n_ubatch"), ds4_prefill_chunk=runs["ds4"][0].get("prefill_chunk"),
-        agreement=agree)
+        agreement=agree, read_bandwidth_GB_s=read_bw, decode_weight_bytes=runs["ds4"][0]["decode_weight_bytes"])
     print(f"ds4 vs llama.cpp {LLAMA_CPP_PYTHON_VERSION} ({build.commit[:10]}): {model.name}, {args.threads} threads, "
           f"ctx {args.ctx}, {args.repeats} rounds; 1-min load avg {min(loads):.1f}-{max(loads):.1f} "
           f"on {os.cpu_count()} logical CPUs")
     report(results, machine, args, ["figure", *names, *[f"ds4/{k}" for k in names[1:]]], rows)
     for k, v in agree.items():
         print(f"ds4 vs {k} (round 1): {v}")
-    return 0
+    if "decode" in per["ds4"][0]:
+        wbytes = runs["ds4"][0]["decode_weight_bytes"]
+        gbs = statistics.median(f["decode"] for f in per["ds4"]) * wbytes / 1e9
+        print(f"ds4 decode streams {gbs:.2f} GB/s of weights ({wbytes / 1e6:.0f} MB per step) = "
+              f"{100 * gbs / max(read_bw):.0f}% of the read bandwidth ({args.threads} threads: "
+              f"{read_bw[0]:.1f} GB/s before, {read_bw[1]:.1f} after the rounds)")
 
 
 if __name__ == "__main__":

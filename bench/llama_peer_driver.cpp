@@ -11,6 +11,11 @@
 // given, receives the float32 logits of the first prompt's last position (to compare engines).
 //
 // Built by bench/_llama_cpp.py against the llama.cpp copy inside the llama-cpp-python sdist.
+//
+// Debugging the agreement of the engines (docs/llama-peer.md): with LLAMA_PEER_DUMP=DIR set, every
+// F32 graph tensor whose name (llama.cpp's "<what>-<layer>") starts with one of the comma-separated
+// prefixes in LLAMA_PEER_DUMP_NAMES (default "attn_out-,ffn_out-") is appended, as raw float32, to
+// DIR/<name>.f32 each time the graph computes it (one row of ne0 floats per token).
 
 #include "llama.h"
 
@@ -42,21 +47,6 @@ std::vector<llama_token> read_ids(const char * path) {
     std::vector<llama_token> ids(bytes.size() / 4);
     std::memcpy(ids.data(), bytes.data(), bytes.size());
     return ids;
-}
-
-std::vector<int> parse_list(const char * s) {
-    std::vector<int> out;
-    std::string cur;
-    for (const char * p = s;; ++p) {
-        if (*p == ',' || *p == '\0') {
-            if (!cur.empty()) out.push_back(std::atoi(cur.c_str()));
-            cur.clear();
-            if (*p == '\0') break;
-        } else {
-            cur += *p;
-        }
-    }
-    return out;
 }
 
 int argmax(const float * x, int n) {
@@ -98,6 +88,54 @@ long long peak_rss_bytes() {
     return 0;
 }
 
+struct TensorDump {
+    std::string dir;
+    std::vector<std::string> prefixes;
+
+    bool wants(const ggml_tensor * t) const {
+        if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) return false;
+        for (const std::string & p : prefixes) {
+            if (std::strncmp(t->name, p.c_str(), p.size()) == 0) return true;
+        }
+        return false;
+    }
+};
+
+// ggml's scheduler asks first (ask = true: do we want this node?) and calls again once it is computed.
+bool dump_tensor(ggml_tensor * t, bool ask, void * user) {
+    const TensorDump & d = *static_cast<const TensorDump *>(user);
+    if (ask) return d.wants(t);
+    if (!d.wants(t)) return true;
+    std::vector<float> buf(ggml_nelements(t));
+    ggml_backend_tensor_get(t, buf.data(), 0, buf.size() * sizeof(float));
+    const std::string path = d.dir + "/" + t->name + ".f32";
+    std::FILE * f = std::fopen(path.c_str(), "ab");
+    if (!f || std::fwrite(buf.data(), sizeof(float), buf.size(), f) != buf.size()) die("cannot write " + path);
+    std::fclose(f);
+    return true;
+}
+
+std::vector<std::string> split_names(const char * s) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (const char * p = s;; ++p) {
+        if (*p == ',' || *p == '\0') {
+            if (!cur.empty()) out.push_back(cur);
+            cur.clear();
+            if (*p == '\0') break;
+        } else {
+            cur += *p;
+        }
+    }
+    return out;
+}
+
+std::vector<int> parse_list(const char * s) {
+    std::vector<int> out;
+    for (const std::string & x : split_names(s)) out.push_back(std::atoi(x.c_str()));
+    return out;
+}
+
 void quiet_log(ggml_log_level level, const char * text, void *) {
     if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
 }
@@ -137,6 +175,14 @@ int main(int argc, char ** argv) {
     cp.n_threads_batch = threads;
     cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.no_perf = true;
+    TensorDump dump;
+    if (const char * dir = std::getenv("LLAMA_PEER_DUMP")) {
+        const char * names = std::getenv("LLAMA_PEER_DUMP_NAMES");
+        dump.dir = dir;
+        dump.prefixes = split_names(names ? names : "attn_out-,ffn_out-");
+        cp.cb_eval = dump_tensor;
+        cp.cb_eval_user_data = &dump;
+    }
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) die("cannot create a context");
     const double load_s = now_s() - t_load;

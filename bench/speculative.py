@@ -11,11 +11,20 @@ committed per second over a fixed-length generation; ``plain`` is one eval() per
 the cost of one verification pass over k tokens (k = 1..5 = the first token plus N drafts)
 divided by one decode step, the quantity that bounds the speed-up (N+1 tokens committed for the
 cost of verify(N+1) at full acceptance).
+
+The baseline file is written by a quiet run (nothing else on the machine):
+
+    PYTHONPATH=python python bench/speculative.py --json bench/baselines/speculative-small.json
+
+The summary under the table checks the issue's goals: at full acceptance with N = 3 at least 1.8x
+plain decode, at zero acceptance (random drafts, with the back-off policy) at most 5% slower.
+The load average is recorded with the results: numbers from a loaded machine are not comparable.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -146,8 +155,27 @@ def main(argv=None) -> None:
             results.append(r)
             rows.append({"what": f"{name} N={N}{' back-off' if backoff else ''} (accept {acc:.0%})", "value": r.median, "unit": "tok/s",
                          "x plain": r.median / plain_tps, "_names": {"value": r.name}})
-    print(f"model {args.model}, {eng.threads} threads, {n} tokens per run, depth {len(prompt)}\n")
-    report(results, machine_info(threads=eng.threads, model=args.model), args, ["what", "value", "unit", "x plain"], rows)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(f"model {args.model}, {eng.threads} threads, {n} tokens per run, depth {len(prompt)}, "
+          f"load average {load[0]:.1f}\n" if load else "\n")
+    report(results, machine_info(threads=eng.threads, model=args.model, load_average=load), args,
+           ["what", "value", "unit", "x plain"], rows)
+    print()
+    for line in goal_lines({r.name: r.median for r in results}, plain_tps):
+        print(line)
+
+
+def goal_lines(med: dict, plain_tps: float) -> list[str]:
+    """The verify-cost ratios and the issue's two goals, from the medians by result name."""
+    out = ["verify cost / decode step: " + ", ".join(f"k={k} {med[f'verify_{k}_over_decode']:.2f}x"
+                                                     for k in range(1, 6) if f"verify_{k}_over_decode" in med)]
+    full = med.get("spec_oracle_N3_tok_s")
+    if full:
+        out.append(f"full acceptance, N=3: {full / plain_tps:.2f}x plain (goal >= 1.8x)")
+    zero = med.get("spec_random_N3_backoff_tok_s")
+    if zero:
+        out.append(f"zero acceptance, N=3 with back-off: {zero / plain_tps:.2f}x plain (goal >= 0.95x)")
+    return out
 
 
 if __name__ == "__main__":

@@ -58,3 +58,23 @@ def check_bound(got, want, bound) -> None:
     assert np.array_equal(np.isfinite(got), fin), "non-finite results differ"
     err = np.abs(got[fin].astype(np.float64) - want[fin])
     assert (err <= bound[fin]).all(), f"max err/bound {np.max(err / bound[fin]):.3g}"
+
+
+def attention_bound(q, live, comp, mask, n_head: int, head_dim: int) -> np.ndarray:
+    """Per output element of sink attention over the live raw rows then the compressed rows (those
+    with mask != 0): scores differ by the dots' summation order, <= 2*D*u*max|q.k| (x scale); a
+    weight exp(s - max) then moves by that much relatively, plus ~n+4 roundings of the running
+    sums and rescalings: |gpu - cpu| <= (4*E + 4*(n+4)*u) * max_r |v_r| per dimension."""
+    rows = np.concatenate([live, comp[mask.astype(bool)] if mask is not None else comp]) if comp.shape[0] else live
+    qh = q.reshape(n_head, head_dim).astype(np.float64)
+    e = 2 * head_dim * U * (np.abs(qh) @ np.abs(rows.astype(np.float64)).T).max(axis=1) / np.sqrt(head_dim)
+    vmax = np.abs(rows).max(axis=0)
+    return ((4 * e + 4 * (rows.shape[0] + 4) * U)[:, None] * vmax[None, :]).reshape(-1) + 1e-30
+
+
+def indexer_scores_bound(q, rows, hw, dots, n_head: int, head_dim: int) -> np.ndarray:
+    """Per compressed row, against prepared queries q, scaled head weights hw and the relu'd dots:
+    each head's dot is summed in another order (<= 2*hd*u*sum|kv*q| apart, relu keeps it), then
+    weighted and summed over heads in the same order (<= 2*n_head*u*sum|d*w| more)."""
+    absdot = np.abs(rows).astype(np.float64) @ np.abs(q.reshape(n_head, head_dim)).T.astype(np.float64)
+    return (2 * head_dim * U * absdot) @ np.abs(hw) + 2 * n_head * U * (np.abs(dots) @ np.abs(hw)) + 1e-35

@@ -496,3 +496,130 @@ def test_rank_floor_keeps_the_top_k(seed, n, k):
     k = min(k, n)
     f = S._rank_floor(v, k)
     assert f <= np.sort(v)[::-1][k - 1]  # at or below the k-th largest: the top k are all >= f
+
+
+# ---- exact sums a binade at a time (csrc/sampling/binade_sum.*) ----------------------------------
+#
+# The sampler's whole-vocabulary sums and walks add integer units per binade and evaluate most
+# weights only approximately (docs/sampling.md). Each must equal the plain float32 loop bit for bit;
+# the references below are that loop (np.cumsum adds in order). Inputs aim at the model's edges:
+# exact half-unit ties (either parity), long runs of equal terms, binade crossings, terms far below
+# half a unit, denormals, zeros, and inf/NaN/negative terms, which must drop to the plain loop.
+
+
+def _core():
+    from ds4 import _core
+    return _core
+
+
+def _f32_bits_equal(a, b) -> bool:
+    a, b = np.float32(a), np.float32(b)
+    return bool(a.view(np.uint32) == b.view(np.uint32)) or (np.isnan(a) and np.isnan(b))
+
+
+def _plain_sum(w) -> np.float32:
+    # s = 0; s += w[i]: the leading 0 matters (0 + -0 is +0, which cumsum alone would not give)
+    w = np.concatenate([[F(0)], np.asarray(w, dtype=np.float32)])
+    return np.cumsum(w, dtype=np.float32)[-1]
+
+
+def _terms(kind: str, seed: int, n: int) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    if kind == "equal":   # one value n times: long runs of the same rounding
+        return np.full(n, g.choice([1.0, 0.1, 2.0**-24, 3e-8, 1e-30, 1e-40, 0.0]), dtype=np.float32)
+    if kind == "ties":    # half a unit of the running sum, exactly, from an even or odd start
+        start = np.float32(g.choice([1.0, 1.0 + 2.0**-23, 3.0, 2.0**20 + 1, 0.75]))
+        half = np.spacing(start) / 2
+        w = np.full(n, half, dtype=np.float32)
+        w[g.random(n) < 0.1] = half * g.choice([2, 3, 5])
+        w[0] = start
+        return w
+    if kind == "geometric":   # growing terms: the sum crosses a binade every few dozen terms
+        return (1e-6 * 1.02 ** np.arange(n) * g.uniform(0.5, 1.5, n)).astype(np.float32)
+    if kind == "tiny":        # terms below half a unit once a large one is in
+        w = g.uniform(0, 2.0**-26, n).astype(np.float32)
+        w[g.integers(0, n)] = 1.0
+        return w
+    w = np.exp(g.normal(0, 3, n)).astype(np.float32)   # "lognormal", "special"
+    if kind == "special":
+        for v in (np.inf, np.nan, -1.0, -0.0, 1e-45, 0.0):
+            if g.random() < 0.5:
+                w[g.integers(0, n)] = v
+    return w
+
+
+@given(st.sampled_from(["equal", "ties", "geometric", "tiny", "lognormal", "special"]),
+       st.integers(0, 2**32), st.sampled_from([1, 15, 16, 127, 128, 129, 1000, 5000]))
+def test_binade_seq_sum_is_the_plain_loop(kind, seed, n):
+    w = _terms(kind, seed, n)
+    assert _f32_bits_equal(_core()._binade_seq_sum(w), _plain_sum(w))
+
+
+def test_binade_seq_sum_ties_go_to_even():
+    # 1 + 2^-24 is a tie between 1 and 1 + 2^-23: the plain loop keeps 1 (even) however many are
+    # added; a model that rounded halves up would climb by 2^-23 each time. From an odd start the
+    # first tie goes up to the even neighbour, after which the sum stays.
+    for start, want in ((1.0, 1.0), (1.0 + 2.0**-23, 1.0 + 2.0**-22)):
+        w = np.full(300, 2.0**-24, dtype=np.float32)
+        w[0] = start
+        got = _core()._binade_seq_sum(w)
+        assert _f32_bits_equal(got, _plain_sum(w)) and got == np.float32(want)
+        assert np.float32(start) + 299 * 2.0**-23 != want   # round-half-up would differ
+
+
+def _args(kind: str, seed: int, n: int) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    if kind == "flat":
+        a = g.normal(0, 3, n)
+    elif kind == "peaked":
+        a = g.normal(0, 2, n)
+        a[g.choice(n, min(40, n), replace=False)] += g.uniform(6, 14, min(40, n))
+    elif kind == "equal":      # every weight 1: integer sums
+        a = np.zeros(n)
+    elif kind == "halves":     # weights of 2^-24 after a 1: exact half-unit ties
+        a = np.full(n, -24 * math.log(2))
+        a[0] = 0.0
+    else:                      # "sparse": runs of -inf and of weights that are exactly 0
+        a = g.normal(0, 3, n)
+        a[g.random(n) < 0.5] = -np.inf
+        a[(np.arange(n) // 200) % 3 == 1] = -200.0
+        a[g.integers(0, n)] = 5.0
+    x = (a - np.max(a[np.isfinite(a)])).astype(np.float32)
+    return x
+
+
+_ARG_KINDS = ["flat", "peaked", "equal", "halves", "sparse"]
+
+
+@given(st.sampled_from(_ARG_KINDS), st.integers(0, 2**32), st.sampled_from([5, 128, 1000, 20000]))
+def test_binade_weight_total_and_walk_are_the_plain_loops(kind, seed, n):
+    core = _core()
+    x = _args(kind, seed, n)
+    w = core._exp_weights(x)
+    total = _plain_sum(w)
+    assert _f32_bits_equal(core._binade_weight_total(x), total)
+    g = np.random.default_rng(seed)
+    for r in (F(0), F(1e-30), F(g.random()) * total, total, np.nextafter(total, F(0)), F(g.random() * 1e-3) * total):
+        run = np.cumsum(np.concatenate([[F(r)], -w]).astype(np.float32), dtype=np.float32)[1:]
+        hit = np.flatnonzero(run <= 0)
+        assert core._binade_weight_walk(x, F(r)) == (int(hit[0]) if hit.size else -1)
+
+
+def test_approx_weights_stay_within_their_bound():
+    # The certificate behind skipping exact exponentials: |approx - exact| <= rel * exact for
+    # arguments >= -87 (weights normal floats), <= 2^-125 below. (Checked once over every float32 in [-87, 0]:
+    # at most 2^-21.2; here a sample, with the edges.) A bound 8x tighter than rel is violated,
+    # so the check is not vacuous.
+    core = _core()
+    g = np.random.default_rng(5)
+    x = np.concatenate([g.uniform(-87, 0, 200_000), -np.exp(g.uniform(-40, math.log(87), 200_000)),
+                        [0.0, -0.0, -87.0, -87.5, -105.0, -1e30, -np.inf],
+                        np.arange(-4032, 1) * (math.log(2) / 32)]).astype(np.float32)
+    exact = core._exp_weights(x).astype(np.float64)
+    err = np.abs(core._approx_exp_weights(x).astype(np.float64) - exact)
+    rel = core._approx_weight_rel()
+    normal = x >= -87
+    assert np.all(err[normal] <= rel * exact[normal])
+    assert np.all(err[~normal] <= 2.0**-125)
+    if rel < 2.0**-10:   # the AVX-512 build approximates; elsewhere approx is exact (err 0)
+        assert np.any(err[normal] > rel / 8 * exact[normal]) or not np.any(err)

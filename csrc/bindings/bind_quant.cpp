@@ -21,6 +21,7 @@
 
 #include "common/errors.h"
 #include "common/thread_pool.h"
+#include "quant/gemm.h"
 #include "quant/kernels.h"
 #include "quant/simd.h"
 
@@ -174,6 +175,14 @@ void init_quant(py::module_& m) {
         return y;
     }, py::arg("qtype"), py::arg("raw"), py::arg("shape"), py::arg("x"));
 
+    m.def("stream_read", [](const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& raw) {
+        const uint8_t* p = raw.data();
+        const int64_t bytes = (int64_t)raw.size();
+        py::gil_scoped_release nogil;
+        return ds4::stream_read(p, bytes);
+    }, py::arg("raw"), "reads every byte of a contiguous buffer on the thread pool; returns a checksum "
+                       "(time it for the read bandwidth)");
+
     m.def("matmul", [](int qtype, const py::buffer& raw, std::vector<int64_t> shape, const FloatArray& X) {
         const ds4::GgmlType t = checked_type(qtype);
         check_shape("matmul", shape, 2);
@@ -265,4 +274,12 @@ void init_quant(py::module_& m) {
         ds4::ThreadPool::set_global_threads(n);
     }, py::arg("n"), "resize the global pool (0 = default: DS4_THREADS or physical cores)");
     m.def("default_threads", [] { return ds4::default_thread_count(); });
+    m.def("int8_dot_peak", [](int64_t iters) {
+        ds4::quant::DotPeak p;
+        {
+            py::gil_scoped_release nogil;
+            p = ds4::quant::int8_dot_peak(ds4::ThreadPool::global(), iters);
+        }
+        return py::dict(py::arg("macs") = p.macs, py::arg("wall_s") = p.wall_s, py::arg("cpu_s") = p.cpu_s);
+    }, py::arg("iters"), "tight vpdpbusd loop on every pool thread (bench/kernels.py's int8 peak); macs 0 without VNNI");
 }

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "sampling/binade_sum.h"
+#include "sampling/exp_weights.h"
 #include "sampling/sampler.h"
 
 namespace py = pybind11;
@@ -60,6 +62,24 @@ void init_sampling(py::module_& m) {
               return out;
           },
           py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"));
+    // The sampler's building blocks, for tests (tests/test_sampling.py): each equals a plain loop.
+    m.def("_binade_seq_sum", [](const Logits& w) { return ds4::binade_seq_sum(w.data(), w.size()); }, py::arg("w"));
+    m.def("_binade_weight_total", [](const Logits& x) { return ds4::binade_weight_total(x.data(), x.size(), nullptr); },
+          py::arg("x"));
+    m.def("_binade_weight_walk",
+          [](const Logits& x, float r) { return ds4::binade_weight_walk(x.data(), nullptr, x.size(), r); },
+          py::arg("x"), py::arg("r"));
+    m.def("_exp_weights", [](const Logits& x) {
+              py::array_t<float> out(x.size());
+              ds4::exp_weights(x.data(), out.mutable_data(), x.size());
+              return out;
+          }, py::arg("x"));
+    m.def("_approx_exp_weights", [](const Logits& x) {
+              py::array_t<float> out(x.size());
+              ds4::approx_exp_weights(x.data(), out.mutable_data(), x.size());
+              return out;
+          }, py::arg("x"));
+    m.def("_approx_weight_rel", []() { return ds4::kApproxWeightRel; });
     m.def("argmax", [](const Logits& logits) { return ds4::argmax_logits(logits.data(), logits.size()); },
           py::arg("logits"));
 }

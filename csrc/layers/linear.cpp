@@ -1,6 +1,7 @@
 #include "layers/linear.h"
 
 #include "common/errors.h"
+#include "common/thread_pool.h"
 #include "quant/kernels.h"
 
 namespace ds4 {
@@ -12,7 +13,13 @@ void linear(const TensorRef& w, const float* x, int64_t nb, float* y, ActBuffer&
     if (x_stride == 0) x_stride = n;
     const int64_t ab = act_bytes(w.type, n);
     uint8_t* xq = act.ensure(ab * nb);
-    for (int64_t b = 0; b < nb; ++b) quantize_act(w.type, x + b * x_stride, xq + b * ab, n);
+    if (nb == 1) {
+        quantize_act(w.type, x, xq, n);
+    } else {  // independent per token: spread over the pool (same bits for any split)
+        (pool ? *pool : ThreadPool::global()).parallel_for(nb, [&](int64_t b0, int64_t b1) {
+            for (int64_t b = b0; b < b1; ++b) quantize_act(w.type, x + b * x_stride, xq + b * ab, n);
+        }, 8);
+    }
     if (nb == 1) {
         matvec(w.type, w.data, rows, n, xq, y, pool);
     } else {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/errors.h"
+#include "common/thread_pool.h"
 #include "layers/numerics.h"
 #include "quant/kernels.h"
 
@@ -107,16 +108,22 @@ void routed_experts_batch(const RoutedExperts& w, const float* x, int64_t nb, co
     const GgmlType gt = w.gate->type, dt = w.down->type;
     const int64_t xb = act_bytes(gt, E);
     uint8_t* xq = sc.xq->ensure(xb * nb);
-    for (int64_t b = 0; b < nb; ++b) quantize_act(gt, x + b * E, xq + b * xb, E);
+    // Per-token steps are independent: spread them over the pool (same bits for any split).
+    ThreadPool& tp = pool ? *pool : ThreadPool::global();
+    tp.parallel_for(nb, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) quantize_act(gt, x + b * E, xq + b * xb, E);
+    }, 8);
     matmul_experts(gt, w.gate->data, w.n_expert, F, E, sel, nb, nu, xq, xb, 0, sc.gate, pool);
     matmul_experts(gt, w.up->data, w.n_expert, F, E, sel, nb, nu, xq, xb, 0, sc.up, pool);
     const int64_t mb = act_bytes(dt, F);
     uint8_t* mq = sc.midq->ensure(mb * nu * nb);
-    for (int64_t p = 0; p < nb * nu; ++p) {
-        float* mid = sc.mid + p * F;
-        swiglu(mid, sc.gate + p * F, sc.up + p * F, F, w.clamp, weights[p]);
-        quantize_act(dt, mid, mq + p * mb, F);
-    }
+    tp.parallel_for(nb * nu, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+            float* mid = sc.mid + p * F;
+            swiglu(mid, sc.gate + p * F, sc.up + p * F, F, w.clamp, weights[p]);
+            quantize_act(dt, mid, mq + p * mb, F);
+        }
+    }, 8);
     matmul_experts(dt, w.down->data, w.n_expert, E, F, sel, nb, nu, mq, nu * mb, mb, sc.down, pool);
     for (int64_t b = 0; b < nb; ++b) {
         const float* down = sc.down + b * nu * E;

@@ -17,6 +17,19 @@ using DotFn = float (*)(const void* w, const void* xq, int64_t n);
 // bit-identical to the DotFn of the same table (it only shares the weight decoding).
 using DotNFn = void (*)(const void* w, const void* xq, int64_t x_stride, int na, int64_t n, float* out);
 
+// Decode form of a row kernel whose activation is rearranged once per matvec (prep_bytes(n)
+// bytes, written by PrepFn from quantize_act's output) instead of once per row. Bit-identical to
+// the DotFn of the same table.
+using PrepBytesFn = int64_t (*)(int64_t n);
+using PrepFn = void (*)(const void* xq, int64_t n, void* prep);
+using DotPrepFn = float (*)(const void* w, const void* prep, int64_t n);
+
+struct PreparedDot {
+    PrepBytesFn bytes = nullptr;  // nullptr: the table has no prepared form for this type
+    PrepFn prepare = nullptr;
+    DotPrepFn dot = nullptr;
+};
+
 struct DotKernels {
     DotFn f32;
     DotFn f16;
@@ -30,6 +43,8 @@ struct DotKernels {
     DotNFn q2_k_n;
     DotNFn q4_k_n;
     DotNFn iq2_xxs_n;
+    // Optional prepared-activation form for matvec (decode).
+    PreparedDot q8_0_prep = {};
 };
 
 const DotKernels& scalar_kernels();
@@ -45,5 +60,6 @@ const DotKernels& neon_kernels();    // dot_neon.cpp
 const DotKernels& active_kernels();   // simd.cpp: the table of the current path
 DotFn dot_fn(const DotKernels& k, GgmlType t);  // throws Unsupported for non-weight types
 DotNFn dot_n_fn(const DotKernels& k, GgmlType t);  // nullptr when the table has none for t
+PreparedDot prepared_dot(const DotKernels& k, GgmlType t);  // members nullptr when none for t
 
 }  // namespace ds4::quant

@@ -51,4 +51,9 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
                     int64_t n_tokens, int64_t n_used, const void* xq, int64_t tok_stride, int64_t slot_stride,
                     float* y, ThreadPool* pool = nullptr);
 
+// Reads every byte of [p, p + bytes) once, split over the pool's threads like a decode matvec, and
+// returns a checksum (so the reads cannot be optimised away): the machine's read bandwidth, the
+// ceiling that decode's weight streaming is measured against (bench/kernels.py).
+uint64_t stream_read(const void* p, int64_t bytes, ThreadPool* pool = nullptr);
+
 }  // namespace ds4

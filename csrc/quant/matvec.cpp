@@ -1,5 +1,6 @@
 // Matrix-vector products over whole weight matrices. Work is split by output rows only (each row
 // is one row-dot kernel call), so results are bit-identical for every thread count.
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "common/errors.h"
 #include "common/thread_pool.h"
 #include "quant/dot_kernels.h"
+#include "quant/gemm.h"
 #include "quant/kernels.h"
 
 namespace ds4 {
@@ -57,6 +59,25 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     if (rows == 0) return;
     check_ptrs("matvec", w, xq, y);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
+    const PreparedDot prep = prepared_dot(active_kernels(), t);
+    if (prep.dot) {
+        // The activation rearranged once for all rows (dot_kernels.h); same results as fn.
+        thread_local std::vector<uint8_t> buf;
+        buf.resize((size_t)prep.bytes(n));
+        prep.prepare(xq, n, buf.data());
+        const uint8_t* xp = buf.data();
+        pool_or_global(pool).parallel_for(
+            rows,
+            [&](int64_t r0, int64_t r1) {
+                const uint8_t* hi = wb + r1 * rb;
+                for (int64_t r = r0; r < r1; ++r) {
+                    prefetch_span(wb + r * rb + kPrefetchAhead, rb, hi);
+                    y[r] = prep.dot(wb + r * rb, xp, n);
+                }
+            },
+            min_rows_per_task(rb));
+        return;
+    }
     pool_or_global(pool).parallel_for(
         rows,
         [&](int64_t r0, int64_t r1) {
@@ -80,6 +101,12 @@ void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     check_ptrs("matmul", w, xq, y);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
     const uint8_t* xb = static_cast<const uint8_t*>(xq);
+    if (active_gemm(t, nullptr, n) && nb >= gemm_min_tokens(t)) {  // register-blocked GEMM (gemm.h), same bits
+        std::vector<float*> yrows((size_t)nb);
+        for (int64_t b = 0; b < nb; ++b) yrows[(size_t)b] = y + b * rows;
+        gemm(t, wb, rows, n, xb, ab, nb, yrows.data(), pool_or_global(pool));
+        return;
+    }
     // Each task owns a row range; inside it, a tile of rows is applied to the whole batch so the
     // tile's weights stay in cache while the activations stream past. Where the path has a
     // multi-activation kernel, one weight row is decoded once for up to 4 activations (results
@@ -195,16 +222,28 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
         const int64_t p = order[(size_t)k];
         std::memcpy(acts.data() + k * ab, xb + (p / n_used) * tok_stride + (p % n_used) * slot_stride, (size_t)ab);
     }
+    const uint8_t* wb = static_cast<const uint8_t*>(w);
+    const int64_t mat_bytes = rb * rows;
+    // Experts with enough tokens run the register-blocked GEMM (gemm.h, same bits as the row
+    // kernels below); the others stay on the row kernels.
+    const int64_t gemm_min = active_gemm(t, nullptr, n) ? gemm_min_tokens(t) : INT64_MAX;
+    if (gemm_min != INT64_MAX) {
+        std::vector<float*> yrows((size_t)n_pairs);
+        for (int64_t k = 0; k < n_pairs; ++k) yrows[(size_t)k] = y + order[(size_t)k] * rows;
+        std::vector<int64_t> mat_offsets((size_t)n_expert);
+        for (int64_t e = 0; e < n_expert; ++e) mat_offsets[(size_t)e] = e * mat_bytes;
+        gemm_grouped(t, wb, mat_offsets.data(), start.data(), n_expert, rows, n, acts.data(), ab, yrows.data(),
+                     pool_or_global(pool), gemm_min);
+    }
     // Work items: (expert, range of rows), flattened so threads share experts with many pairs.
     const int64_t chunk = 64;
     const int64_t per_expert = (rows + chunk - 1) / chunk;
     std::vector<int64_t> items;
     for (int64_t e = 0; e < n_expert; ++e) {
-        if (start[(size_t)e + 1] == start[(size_t)e]) continue;
+        const int64_t count = start[(size_t)e + 1] - start[(size_t)e];
+        if (count == 0 || count >= gemm_min) continue;
         for (int64_t c = 0; c < per_expert; ++c) items.push_back(e * per_expert + c);
     }
-    const uint8_t* wb = static_cast<const uint8_t*>(w);
-    const int64_t mat_bytes = rb * rows;
     pool_or_global(pool).parallel_for(
         (int64_t)items.size(),
         [&](int64_t i0, int64_t i1) {
@@ -231,6 +270,39 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
             }
         },
         1);
+}
+
+uint64_t stream_read(const void* p, int64_t bytes, ThreadPool* pool) {
+    if (bytes < 0) fail(ErrorKind::InvalidArgument, "stream_read: negative size " + std::to_string(bytes));
+    if (bytes > 0 && !p) fail(ErrorKind::InvalidArgument, "stream_read: null buffer");
+    const uint8_t* base = static_cast<const uint8_t*>(p);
+    const int64_t chunk = 256 * 1024;  // work item; whole 64-byte lines except at the end
+    const int64_t n_chunks = (bytes + chunk - 1) / chunk;
+    std::vector<uint64_t> sums((size_t)n_chunks, 0);
+    pool_or_global(pool).parallel_for(
+        n_chunks,
+        [&](int64_t c0, int64_t c1) {
+            for (int64_t c = c0; c < c1; ++c) {
+                const uint8_t* q = base + c * chunk;
+                const int64_t len = c + 1 < n_chunks ? chunk : bytes - c * chunk;
+                // Eight independent accumulators: the adds keep up with the loads.
+                uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                int64_t i = 0;
+                for (; i + 64 <= len; i += 64) {
+                    for (int k = 0; k < 8; ++k) {
+                        uint64_t v;
+                        std::memcpy(&v, q + i + 8 * k, 8);
+                        acc[k] += v;
+                    }
+                }
+                for (; i < len; ++i) acc[0] += q[i];
+                sums[(size_t)c] = acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+            }
+        },
+        1);
+    uint64_t total = 0;
+    for (uint64_t v : sums) total += v;
+    return total;
 }
 
 }  // namespace ds4

@@ -61,7 +61,10 @@ bool cpu_has(SimdPath p) {
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
         case SimdPath::AVX512VNNI:
-            return cpu_has(SimdPath::AVX512) && __builtin_cpu_supports("avx512vnni");
+            // VBMI too: its IQ2_XXS kernel expands the grid with vpermb / vpmultishiftqb (every
+            // CPU with both is Ice Lake / Zen 4 or later; VNNI-only Cascade Lake uses avx512).
+            return cpu_has(SimdPath::AVX512) && __builtin_cpu_supports("avx512vnni") &&
+                   __builtin_cpu_supports("avx512vbmi");
 #endif
 #if defined(DS4_ARCH_ARM64) && defined(DS4_HAVE_NEON_KERNELS)
         case SimdPath::NEON: {
@@ -181,6 +184,10 @@ DotNFn dot_n_fn(const DotKernels& k, GgmlType t) {
         case GgmlType::IQ2_XXS: return k.iq2_xxs_n;
         default: return nullptr;
     }
+}
+
+PreparedDot prepared_dot(const DotKernels& k, GgmlType t) {
+    return t == GgmlType::Q8_0 ? k.q8_0_prep : PreparedDot{};
 }
 
 }  // namespace quant

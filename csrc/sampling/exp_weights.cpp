@@ -7,10 +7,18 @@ namespace ds4 {
 
 void exp_weights_generic(const float* x, float* w, int64_t n) { exp_weights_loop(x, w, n); }
 
-void exp_weights(const float* x, float* w, int64_t n) {
+bool sampling_avx512() {
 #if defined(DS4_ARCH_X86)
     const SimdPath p = simd_path();
-    if (p == SimdPath::AVX512 || p == SimdPath::AVX512VNNI) return exp_weights_avx512(x, w, n);
+    return p == SimdPath::AVX512 || p == SimdPath::AVX512VNNI;
+#else
+    return false;
+#endif
+}
+
+void exp_weights(const float* x, float* w, int64_t n) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return exp_weights_avx512(x, w, n);
 #endif
     exp_weights_generic(x, w, n);
 }

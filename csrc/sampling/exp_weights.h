@@ -11,6 +11,10 @@ namespace ds4 {
 // and the active SIMD path allow.
 void exp_weights(const float* x, float* w, int64_t n);
 
+// Whether the AVX-512 builds of the sampling loops run here (the CPU and the active SIMD path
+// allow them; DS4_SIMD=scalar turns them off).
+bool sampling_avx512();
+
 // Per-build entry points (same arithmetic, different vector widths).
 void exp_weights_generic(const float* x, float* w, int64_t n);
 #if defined(DS4_ARCH_X86)

@@ -5,8 +5,10 @@
 #include <cstring>
 #include <limits>
 
+#include "sampling/binade_sum.h"
 #include "sampling/exp_weights.h"
 #include "sampling/rng.h"
+#include "sampling/scan.h"
 
 namespace ds4 {
 
@@ -36,7 +38,8 @@ inline uint32_t desc_key(float v) {
 }
 
 // Sorts ids (given in ascending id order) by logit descending; equal logits keep id order (LSD
-// radix on the 32-bit key is stable).
+// radix is stable). Keys are taken relative to the smallest, so a list of logits spanning few
+// float values needs few 12-bit digits (two cover 2^24 distinct values).
 void sort_desc(const float* a, std::vector<int32_t>& ids, std::vector<uint64_t>& keys, std::vector<uint64_t>& tmp) {
     const size_t m = ids.size();
     if (m < 2) return;
@@ -46,62 +49,26 @@ void sort_desc(const float* a, std::vector<int32_t>& ids, std::vector<uint64_t>&
     }
     keys.resize(m);
     tmp.resize(m);
-    for (size_t i = 0; i < m; ++i) keys[i] = ((uint64_t)desc_key(a[ids[i]]) << 32) | (uint32_t)ids[i];
-    size_t count[256];
-    for (int shift = 32; shift < 64; shift += 8) {
-        std::fill(count, count + 256, 0);
-        for (size_t i = 0; i < m; ++i) ++count[(keys[i] >> shift) & 0xFF];
-        if (count[(keys[0] >> shift) & 0xFF] == m) continue;   // one digit value: the pass is a no-op
-        size_t off = 0;
-        for (size_t& c : count) { const size_t k = c; c = off; off += k; }
-        for (size_t i = 0; i < m; ++i) tmp[count[(keys[i] >> shift) & 0xFF]++] = keys[i];
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (size_t i = 0; i < m; ++i) {
+        const uint32_t k = desc_key(a[ids[i]]);
+        lo = std::min(lo, k);
+        hi = std::max(hi, k);
+        keys[i] = ((uint64_t)k << 32) | (uint32_t)ids[i];
+    }
+    for (size_t i = 0; i < m; ++i) keys[i] -= (uint64_t)lo << 32;
+    const int bits = hi == lo ? 0 : 32 - __builtin_clz(hi - lo);
+    constexpr int kDigit = 12;
+    static thread_local uint32_t count[1 << kDigit];
+    for (int shift = 32; shift < 32 + bits; shift += kDigit) {
+        std::fill(count, count + (1 << kDigit), 0u);
+        for (size_t i = 0; i < m; ++i) ++count[(keys[i] >> shift) & ((1 << kDigit) - 1)];
+        uint32_t off = 0;
+        for (uint32_t& c : count) { const uint32_t k = c; c = off; off += k; }
+        for (size_t i = 0; i < m; ++i) tmp[count[(keys[i] >> shift) & ((1 << kDigit) - 1)]++] = keys[i];
         keys.swap(tmp);
     }
     for (size_t i = 0; i < m; ++i) ids[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
-}
-
-// Sequential float32 sum, in order (upstream's `sum += p` loops).
-inline float seq_sum(const float* w, int64_t n) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; ++i) s += w[i];
-    return s;
-}
-
-// Weights in (0, 1] bucketed by their top 12 bits (exponent and 3 mantissa bits): bucket b holds
-// weights in [edge(b), edge(b + 1)). Four interleaved copies keep increments of one bucket apart.
-constexpr int kBuckets = 1024;
-
-inline float bucket_edge(int b) {
-    const uint32_t bits = (uint32_t)b << 20;
-    float v;
-    std::memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
-// The sequential float32 sum (as seq_sum) while counting weights per bucket; the counting rides
-// in the slots the sum's dependency chain leaves idle.
-float seq_sum_counting(const float* w, int64_t n, uint32_t* counts /* 4 * kBuckets */) {
-    std::fill(counts, counts + 4 * kBuckets, 0u);
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, &w[i], sizeof bits);
-        ++counts[(i & 3) * kBuckets + std::min<uint32_t>(bits >> 20, kBuckets - 1)];
-        s += w[i];
-    }
-    return s;
-}
-
-// The largest bucket edge c such that the weights >= c certainly hold `mass` (counted at their
-// buckets' lower edges, an underestimate); 0 when no edge does.
-float mass_floor(const uint32_t* counts, double mass) {
-    double acc = 0.0;
-    for (int b = kBuckets - 1; b >= 0; --b) {
-        const uint64_t c = (uint64_t)counts[b] + counts[kBuckets + b] + counts[2 * kBuckets + b] + counts[3 * kBuckets + b];
-        acc += (double)c * (double)bucket_edge(b);
-        if (acc >= mass) return bucket_edge(b);
-    }
-    return 0.0f;
 }
 
 // A logit below which no token can pass expf(fl(fl(l - max) / t)) >= min_p (a superset test; the
@@ -150,24 +117,6 @@ DS4_SAMPLING_HOT float block_max(const float* a, int64_t m, float init) {
     return r;
 }
 
-// Largest finite value of a[0..n) (-inf when none is finite).
-DS4_SAMPLING_HOT float finite_max(const float* a, int64_t n) {
-    const F16 neg = kNegInf - (F16){};
-    F16 acc = neg;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const F16 v = load16(a + i);
-        const F16 fv = (v - v == 0.0f) ? v : neg;   // NaN and +-inf fail v - v == 0
-        acc = fv > acc ? fv : acc;
-    }
-    float r = lanes_max(acc, kNegInf);
-    for (; i < n; ++i) {
-        const float fv = finite(a[i]) ? a[i] : kNegInf;
-        r = fv > r ? fv : r;
-    }
-    return r;
-}
-
 // First i with a[i] == v (n when none).
 DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
     for (int64_t b = 0; b < n; b += kBlock) {
@@ -180,29 +129,47 @@ DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
     return n;
 }
 
-DS4_SAMPLING_HOT int32_t count_finite(const float* a, int64_t n) {
-    int32_t c = 0;
-    for (int64_t i = 0; i < n; ++i) c += finite(a[i]) ? 1 : 0;
-    return c;
-}
-
-// x[i] = fl(fl(a[i] - m) / t), -inf for non-finite a[i] (dividing by 1 is exact: skipped).
-DS4_SAMPLING_HOT void shifted_args(const float* a, int64_t n, float m, float t, float* x) {
-    if (t == 1.0f) {
-        for (int64_t i = 0; i < n; ++i) x[i] = finite(a[i]) ? a[i] - m : kNegInf;
-    } else {
-        for (int64_t i = 0; i < n; ++i) x[i] = finite(a[i]) ? (a[i] - m) / t : kNegInf;
+// A weight c = 2^(-k/4) whose (estimated) entries >= c hold `mass`, as large as the grid allows;
+// 0 when even 2^-48 does not: a guess, which the caller checks. Bisection, about 8 steps. The
+// few weights >= 2^-8 are summed exactly once (a heavy tail holds much of the mass in a few
+// tokens, which a sample would miss); below that, every fourth block of 16 estimates the rest.
+float mass_threshold(const float* w, int64_t n, double mass, std::vector<int32_t>& scratch) {
+    const float big = 0x1p-8f;
+    const int step = n >= 4096 ? 4 : 1;
+    if (scratch.size() < (size_t)n + 16) scratch.resize((size_t)n + 16);
+    const int64_t n_big = collect_finite_at_least(w, n, big, scratch.data());
+    auto mass_at = [&](float c) {
+        double r = 0.0;
+        for (int64_t j = 0; j < n_big; ++j) r += w[scratch[j]] >= c ? w[scratch[j]] : 0.0f;
+        return c >= big ? r : r + mass_in(w, n, c, big, step);
+    };
+    auto c_of = [](int k) { return (float)std::exp2(-0.25 * k); };
+    int lo = 0, hi = 192;   // mass_at(c_of(hi)) >= mass > mass_at(c_of(lo)) once checked
+    if (mass_at(c_of(hi)) < mass) return 0.0f;
+    if (mass_at(c_of(lo)) >= mass) return c_of(lo);
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        (mass_at(c_of(mid)) >= mass ? hi : lo) = mid;
     }
+    return c_of(hi);
 }
 
-// The ids i with key[i] >= floor and a[i] finite, in id order (key: the logits themselves or
-// their weights).
-void collect_at_least(const float* key, const float* a, int64_t n, float floor, std::vector<int32_t>& out) {
-    out.clear();
-    for (int64_t b = 0; b < n; b += kBlock) {
-        const int64_t m = std::min(kBlock, n - b);
-        if (!(block_max(key + b, m, kNegInf) >= floor)) continue;
-        for (int64_t i = b; i < b + m; ++i) if (key[i] >= floor && finite(a[i])) out.push_back((int32_t)i);
+// out[j] = the largest finite a[i] with i = j (mod g) (-inf when none): g disjoint columns.
+DS4_SAMPLING_HOT void column_maxima(const float* a, int64_t n, int64_t g, float* out) {
+    std::fill(out, out + g, kNegInf);
+    const F16 neg = kNegInf - (F16){};
+    for (int64_t row = 0; row < n; row += g) {
+        const float* r = a + row;
+        const int64_t m = std::min(g, n - row);
+        int64_t j = 0;
+        for (; j + 16 <= m; j += 16) {
+            const F16 v = load16(r + j);
+            const F16 fv = (v - v == 0.0f) ? v : neg;
+            F16 acc = load16(out + j);
+            acc = fv > acc ? fv : acc;
+            std::memcpy(out + j, &acc, sizeof acc);
+        }
+        for (; j < m; ++j) if (finite(r[j]) && r[j] > out[j]) out[j] = r[j];
     }
 }
 
@@ -225,39 +192,38 @@ int32_t argmax_logits(const float* a, int64_t n) {
 }
 
 void Sampler::top_sorted(const float* a, int64_t n, int64_t m) {
-    // A running threshold: tokens below the m-th best seen so far cannot be among the m best,
-    // so most of the vocabulary costs one comparison. Ties at the threshold are kept (the final
-    // sort orders them by id).
-    ids_.clear();
-    float thr = kNegInf;
-    size_t cap = (size_t)std::max<int64_t>(2 * m, m + 512);
-    for (int64_t i = 0; i < n; ++i) {
-        if ((i & (kBlock - 1)) == 0 && !(block_max(a + i, std::min(kBlock, n - i), kNegInf) >= thr)) {
-            i += kBlock - 1;   // nothing in this block reaches the threshold
-            continue;
-        }
-        const float v = a[i];
-        if (!(v >= thr) || !finite(v)) continue;
-        ids_.push_back((int32_t)i);
-        if (ids_.size() >= cap) {
-            vals_.resize(ids_.size());
-            for (size_t j = 0; j < ids_.size(); ++j) vals_[j] = a[ids_[j]];
-            std::nth_element(vals_.begin(), vals_.begin() + (m - 1), vals_.end(), std::greater<float>());
-            thr = vals_[m - 1];
-            size_t k = 0;
-            for (size_t j = 0; j < ids_.size(); ++j) if (a[ids_[j]] >= thr) ids_[k++] = ids_[j];
-            ids_.resize(k);
-            if (ids_.size() * 2 > cap) cap *= 2;   // many ties at the threshold
-        }
+    // The m-th largest of g >= m column maxima is a floor: the m largest maxima are m distinct
+    // finite logits at or above it, so the m best are all at or above it (ties at the floor are
+    // kept; the sort orders them by id). 2m columns leave about 1.5 m survivors on smooth logits.
+    float floor = kNegInf;
+    const int64_t g = (2 * m + 15) / 16 * 16;
+    if (n >= 4 * g) {
+        vals_.resize((size_t)g);
+        column_maxima(a, n, g, vals_.data());
+        std::nth_element(vals_.begin(), vals_.begin() + (m - 1), vals_.end(), std::greater<float>());
+        floor = vals_[m - 1];
     }
+    collect_logits_at_least(a, n, floor);
     sort_desc(a, ids_, keys_, tmp_keys_);
     if ((int64_t)ids_.size() > m) ids_.resize((size_t)m);
 }
 
+void Sampler::collect_logits_at_least(const float* a, int64_t n, float floor) {
+    if (tmp_ids_.size() < (size_t)n + 16) tmp_ids_.resize((size_t)n + 16);   // grown once, never cleared
+    const int64_t k = collect_finite_at_least(a, n, floor, tmp_ids_.data());
+    ids_.assign(tmp_ids_.begin(), tmp_ids_.begin() + k);
+}
+
+void Sampler::weights_of_ids() {
+    const size_t m = ids_.size();
+    vals_.resize(m);
+    w_.resize(m);
+    for (size_t j = 0; j < m; ++j) vals_[j] = x_[ids_[j]];
+    exp_weights(vals_.data(), w_.data(), (int64_t)m);
+}
+
 bool Sampler::filter_sorted(float total, float top_p, float min_p, bool list_is_everything) {
     const int64_t m = (int64_t)ids_.size();
-    w_.resize((size_t)m);
-    for (int64_t i = 0; i < m; ++i) w_[i] = wall_[ids_[i]];
     const float min_prob = (w_[0] / total) * min_p;
     float fsum = 0.0f;
     for (int64_t i = 0; i < m; ++i) {
@@ -290,7 +256,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     if (top_p >= 1.0f && min_p > 0.0f) {
         // Only tokens with weight >= min_p are kept, in id order: a logit floor finds a superset.
         const float floor = logit_floor(m, t, min_p);
-        collect_at_least(a, a, n, floor, ids_);
+        collect_logits_at_least(a, n, floor);
         x_.resize(ids_.size());
         w_.resize(ids_.size());
         for (size_t j = 0; j < ids_.size(); ++j) x_[j] = (a[ids_[j]] - m) / t;
@@ -302,35 +268,35 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
                 w_[k++] = w_[j];
             }
         }
-        const float total = seq_sum(w_.data(), (int64_t)k);
+        const float total = binade_seq_sum(w_.data(), (int64_t)k);
         if (!(total > 0.0f && std::isfinite(total))) return;
         c_ = Candidates{true, c_.no_draw, c_.after_walk, ids_.data(), w_.data(), (int64_t)k, total};
         return;
     }
 
-    // Every finite token's weight (non-finite logits weigh 0: they add nothing to sums or walks).
+    // Every finite token's weight (non-finite logits weigh 0: they add nothing to sums or walks),
+    // evaluated exactly only where the total needs it (binade_sum.h).
     x_.resize((size_t)n);
-    wall_.resize((size_t)n);
-    shifted_args(a, n, m, t, x_.data());
-    exp_weights(x_.data(), wall_.data(), n);
-    const bool need_mass_floor = top_p < 1.0f && min_p == 0.0f;
-    if (need_mass_floor) counts_.resize(4 * kBuckets);
-    const float total = need_mass_floor ? seq_sum_counting(wall_.data(), n, counts_.data()) : seq_sum(wall_.data(), n);
+    const int64_t n_finite = shifted_args(a, n, m, t, x_.data());
+    const bool need_mass = top_p < 1.0f && min_p == 0.0f;
+    wall_.resize((size_t)n);   // approximate weights: guides for the mass threshold and the walk
+    const float total = binade_weight_total(x_.data(), n, wall_.data());
     if (!(total > 0.0f && std::isfinite(total))) return;
 
     if (top_p >= 1.0f) {   // min_p 0: every token kept, in id order
-        c_ = Candidates{true, c_.no_draw, c_.after_walk, nullptr, wall_.data(), n, total};
+        c_ = Candidates{true, c_.no_draw, c_.after_walk, nullptr, nullptr, n, total, x_.data(), wall_.data()};
         return;
     }
 
     // Sorted branch: a sorted prefix that the filters stop inside decides; grow it until one does.
-    const int32_t n_finite = count_finite(a, n);
+    // Prefixes are taken by logit (logit_floor), so equal logits are never split.
     bool done = false;
     if (min_p > 0.0f) {
         // p/total >= fl(1/total)*min_p needs p >= min_p up to a few ulps: a 0.1% margin is a superset.
         const float c = std::min(min_p, 1.0f) * 0.999f;
-        collect_at_least(wall_.data(), a, n, c, ids_);
+        collect_logits_at_least(a, n, logit_floor(m, t, c));
         sort_desc(a, ids_, keys_, tmp_keys_);
+        weights_of_ids();
         done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
         if (!done) {
             // The next token weighs < c; it fails min-p if even the largest float below c does.
@@ -338,24 +304,28 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
             done = min_prob >= std::numeric_limits<float>::min() && std::nextafter(c, 0.0f) / total < min_prob;
         }
     }
-    if (!done && need_mass_floor) {
+    if (!done && need_mass) {
         // The top-p walk stops once the kept weights reach top_p of the total: the tokens whose
-        // weights certainly hold a little more than that are a sorted prefix that contains the stop
-        // (the 0.2% margin covers the float32 running sum's rounding; if not, the fallback below).
-        const float c = mass_floor(counts_.data(), (double)top_p * (double)total * 1.002);
-        if (c > 0.0f) {
-            collect_at_least(wall_.data(), a, n, c, ids_);
+        // (approximate) weights hold a little more than that are a sorted prefix that very likely
+        // contains the stop; filter_sorted checks that it does, else the pools below decide.
+        // A second, 4x lower guess covers an unlucky estimate before the pools take over.
+        float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_);
+        for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
+            collect_logits_at_least(a, n, logit_floor(m, t, c));
             sort_desc(a, ids_, keys_, tmp_keys_);
+            weights_of_ids();
             done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
         }
     }
     for (int64_t pool = 256; !done; pool *= 8) {
         if (pool >= n_finite) {
             top_sorted(a, n, n_finite);
+            weights_of_ids();
             filter_sorted(total, top_p, min_p, true);
             break;
         }
         top_sorted(a, n, pool);
+        weights_of_ids();
         done = filter_sorted(total, top_p, min_p, false);
     }
     c_ = Candidates{true, c_.no_draw, ids_[c_.count - 1], ids_.data(), w_.data(), c_.count, c_.sum};
@@ -374,10 +344,8 @@ void Sampler::select_top_k(const float* a, int64_t n, float t, int64_t k, float 
     for (int64_t i = 0; i < m; ++i) x_[i] = (a[ids_[i]] - v0) / t;
     exp_weights(x_.data(), w_.data(), m);
     c_.no_draw = ids_[0];
-    const float total = seq_sum(w_.data(), m);
+    const float total = binade_seq_sum(w_.data(), m);
     if (!(total > 0.0f && std::isfinite(total))) return;
-    wall_.resize((size_t)n);   // filter_sorted reads weights by token id
-    for (int64_t i = 0; i < m; ++i) wall_[ids_[i]] = w_[i];
     filter_sorted(total, top_p, min_p, true);
     c_ = Candidates{true, c_.no_draw, ids_[c_.count - 1], ids_.data(), w_.data(), c_.count, c_.sum};
 }
@@ -403,6 +371,10 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
     const Candidates& c = select(a, n, p);
     if (!c.draw) return c.no_draw;
     float r = rng_uniform(rng_state) * c.sum;
+    if (c.x) {
+        const int64_t i = binade_weight_walk(c.x, c.wa, c.count, r);
+        return i >= 0 ? c.id(i) : c.after_walk;
+    }
     for (int64_t i = 0; i < c.count; ++i) {
         r -= c.w[i];
         if (r <= 0.0f) return c.id(i);
@@ -417,8 +389,14 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
         probs[c.no_draw] = 1.0f;
         return;
     }
+    const float* w = c.w;
+    if (!w) {   // the whole vocabulary, weights not evaluated yet
+        wall_.resize((size_t)c.count);
+        exp_weights(c.x, wall_.data(), c.count);
+        w = wall_.data();
+    }
     const double inv = 1.0 / (double)c.sum;
-    for (int64_t i = 0; i < c.count; ++i) probs[c.id(i)] = (float)((double)c.w[i] * inv);
+    for (int64_t i = 0; i < c.count; ++i) probs[c.id(i)] = (float)((double)w[i] * inv);
 }
 
 }  // namespace ds4

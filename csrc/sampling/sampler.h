@@ -17,8 +17,9 @@ struct SamplerParams {
 };
 
 // The distribution one draw picks from: `count` candidates in walk order (ids, or token i itself
-// when ids is null) with float32 weights summing (sequentially, in walk order) to `sum`.
-// draw == false: no draw happens and the pick is `no_draw` (argmax, or a degenerate total).
+// when ids is null) with float32 weights summing (sequentially, in walk order) to `sum`. The
+// weights are w, or (w null) exp_weights(x[i]) not yet evaluated (the whole vocabulary in id
+// order). draw == false: no draw happens and the pick is `no_draw` (argmax, or a degenerate total).
 struct Candidates {
     bool draw = false;
     int32_t no_draw = 0;
@@ -27,6 +28,8 @@ struct Candidates {
     const float* w = nullptr;
     int64_t count = 0;
     float sum = 0.0f;
+    const float* x = nullptr;
+    const float* wa = nullptr;   // with x: approximations of those weights (binade_sum.h)
     int32_t id(int64_t i) const { return ids ? ids[i] : (int32_t)i; }
 };
 
@@ -47,17 +50,18 @@ public:
 private:
     void select_full(const float* a, int64_t n, float t, float top_p, float min_p);
     void select_top_k(const float* a, int64_t n, float t, int64_t k, float top_p, float min_p);
-    // Keeps the prefix of the sorted candidates (ids_/w_) that min-p and top-p let through;
-    // false when neither filter stopped inside the list.
+    // Keeps the prefix of the sorted candidates (ids_, weights w_) that min-p and top-p let
+    // through; false when neither filter stopped inside the list.
     bool filter_sorted(float total, float top_p, float min_p, bool list_is_everything);
     void top_sorted(const float* a, int64_t n, int64_t m);   // ids_ = m best finite, sorted
+    void weights_of_ids();                                    // w_ = exp_weights(x_[ids_])
+    void collect_logits_at_least(const float* a, int64_t n, float floor);   // ids_: finite, >= floor
 
     Candidates c_;
     std::vector<float> x_, wall_, w_;
     std::vector<int32_t> ids_, tmp_ids_;
     std::vector<uint64_t> keys_, tmp_keys_;
     std::vector<float> vals_;
-    std::vector<uint32_t> counts_;
 };
 
 }  // namespace ds4

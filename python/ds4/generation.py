@@ -325,6 +325,9 @@ def generate(
         seed = check_int(seed, "seed", 0, 2**64 - 1)
     if session is None:
         session = engine.session(ctx=ctx if ctx is not None else DEFAULT_CTX)
+    if speculative and not session.supports_speculative:
+        raise UnsupportedModelError("speculative decoding is not available on a pipeline of stages "
+                                    f"({type(engine).__name__}): use a single ds4.Engine, or speculative=0")
     if kv_cache is not None and getattr(session, "steering", None) is not None:
         # Cache files do not record steering: a steered state could later be restored as a plain one.
         raise InvalidArgumentError("a disk KV cache cannot be used with directional steering")

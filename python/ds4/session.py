@@ -310,8 +310,20 @@ class Session:
 
     # ---- speculative decoding (docs/speculative.md) ---------------------------------------------
     @property
+    def supports_speculative(self) -> bool:
+        """Whether this session can verify drafts in one pass (a local engine's session can; a
+        pipeline of stages cannot yet: its stages have no verification pass)."""
+        return hasattr(self._s, "verify")
+
+    def _need_speculative(self) -> None:
+        if not self.supports_speculative:
+            raise UnsupportedModelError("speculative decoding needs a single-engine session; pipeline stages do not "
+                                        "run it yet (use ds4.Engine, or speculative=0)")
+
+    @property
     def max_verify(self) -> int:
         """Most tokens one :meth:`verify` takes here (the raw window, and one context slot stays free)."""
+        self._need_speculative()
         return int(self._s.max_verify())
 
     def verify(self, tokens: Iterable[int]) -> np.ndarray:
@@ -320,17 +332,20 @@ class Session:
         Returns the logits after each prefix (float32 array (len, vocab); row i follows
         ``tokens[:i + 1]``). Follow with :meth:`accept`; any other call discards the pass first.
         """
+        self._need_speculative()
         return self._s.verify(list(tokens))
 
     def accept(self, count: int) -> None:
         """Commit the first ``count`` verified tokens; the state, logits and hidden state are then
         exactly what :meth:`eval` of those tokens leaves (byte-identical payload)."""
+        self._need_speculative()
         self._s.accept(int(count))
 
     def speculate(self, first: int, drafts: Iterable[int]) -> int:
         """Greedy speculation: commit ``first`` plus the longest prefix of ``drafts`` that greedy
         decode would produce, verified in one batched pass. Returns how many tokens were committed
         (>= 1); the logits then give the next greedy token."""
+        self._need_speculative()
         return int(self._s.speculate_greedy(int(first), list(drafts)))
 
     def mtp_drafts(self, first: int, n: int, stop: int | None = None) -> list[int]:

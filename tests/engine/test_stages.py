@@ -126,6 +126,25 @@ def test_mtp_runs_on_the_last_stage(tmp_path) -> None:
         assert np.array_equal(one.mtp_logits(), many.mtp_logits())
 
 
+def test_speculative_decoding_on_a_pipeline_is_refused_clearly(tmp_path) -> None:
+    # The stages have no verification pass: generate(speculative=N) and the session's
+    # verify/accept/speculate must say so (UnsupportedModelError), not fail with AttributeError.
+    from ds4.errors import UnsupportedModelError
+    path = ds4.testing.write_model(tmp_path / "m.gguf", "tiny", mtp=True, seed=2)
+    pipe = Pipeline(path, stages=2, threads=1)
+    with pytest.raises(UnsupportedModelError, match="single-engine|pipeline"):
+        pipe.generate(tokens=[1, 2, 3], max_tokens=2, temperature=0, speculative=2, stream=False)
+    s = pipe.session(ctx=64)
+    assert not s.supports_speculative
+    s.sync([1, 2, 3])
+    for call in (lambda: s.max_verify, lambda: s.verify([4, 5]), lambda: s.accept(1), lambda: s.speculate(4, [5])):
+        with pytest.raises(UnsupportedModelError, match="single-engine"):
+            call()
+    assert s.pos == 3   # nothing committed by the refused calls
+    assert pipe.generate(tokens=[1, 2, 3], max_tokens=2, temperature=0, stream=False).usage.completion_tokens == 2
+    assert ds4.Engine(path, threads=1).session(ctx=64).supports_speculative
+
+
 def test_a_stage_reads_only_its_own_layers(tiny_path, tmp_path) -> None:
     # Scramble every tensor of layers 0-1 in a copy: a stage over layers 2-3 of the copy, chained
     # after a good stage 0-1, still equals the good engine; the full engine on the copy does not.

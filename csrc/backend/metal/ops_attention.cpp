@@ -14,7 +14,7 @@ namespace metal {
 
 namespace {
 
-constexpr uint32_t kSimdgroups = 4;    // simdgroups per head; they split the rows
+constexpr uint32_t kSimdgroups = 4;    // simdgroups per head (fewer under a lower pipeline cap); they split the rows
 constexpr int64_t kMaxHeadDim = 512;   // ATTN_MAX_PER_LANE (16) * 32 lanes in attention.metal
 
 }  // namespace
@@ -39,9 +39,10 @@ void MetalStream::attention(const AttentionArgs& a) {
     // Bindings the kernel does not read (no compressed rows, no mask) still need a buffer.
     const Arg comp = a.n_comp > 0 ? arg(a.comp) : arg(a.q);
     const Arg mask = masked ? arg(a.mask) : arg(a.q);
-    dispatch("attention_decode", {FunctionConstant::boolean(0, masked)},
-             {bytes_arg(args), arg(a.q), arg(a.raw), comp, mask, arg(*a.sinks), arg(a.out)},
-             {(uint32_t)(kSimdgroups * (D + 2) * 4)}, {(uint32_t)a.n_head, 1, 1}, {32 * kSimdgroups, 1, 1});
+    const FunctionConstant fc = FunctionConstant::boolean(0, masked);
+    const uint32_t sgs = threads_within("attention_decode", {fc}, 32 * kSimdgroups) / 32;
+    dispatch("attention_decode", {fc}, {bytes_arg(args), arg(a.q), arg(a.raw), comp, mask, arg(*a.sinks), arg(a.out)},
+             {(uint32_t)(sgs * (D + 2) * 4)}, {(uint32_t)a.n_head, 1, 1}, {32 * sgs, 1, 1});
 }
 
 }  // namespace metal

@@ -49,7 +49,7 @@ void MetalStream::compressor_store(const CompressorStoreArgs& a) {
     const ds4_comp_store_args args{(uint)width, (uint)Shape::frontier_row(a.ratio, a.pos), 0};
     dispatch_threads("compressor_store", {},
                      {bytes_arg(args), arg(row), arg(a.kv_cur), arg(a.score_cur), arg(a.state_kv), arg(a.state_score)},
-                     {}, {(uint32_t)width, 1, 1}, {kElementThreads, 1, 1});
+                     {}, {(uint32_t)width, 1, 1}, {threads_within("compressor_store", {}, kElementThreads), 1, 1});
 }
 
 void MetalStream::compressor_pool(const CompressorPoolArgs& a) {
@@ -59,7 +59,8 @@ void MetalStream::compressor_pool(const CompressorPoolArgs& a) {
     const ds4_pool_args args{(uint)hd, (uint)a.ratio, (uint)(Shape::coff(a.ratio) * hd)};
     dispatch_threads("compressor_pool_state", {FunctionConstant::boolean(0, a.ratio == 4)},
                      {bytes_arg(args), arg(a.state_kv), arg(a.state_score), arg(pooled)}, {}, {(uint32_t)hd, 1, 1},
-                     {(uint32_t)(hd < kElementThreads ? hd : kElementThreads), 1, 1});
+                     {threads_within("compressor_pool_state", {FunctionConstant::boolean(0, a.ratio == 4)},
+                                     (uint32_t)(hd < kElementThreads ? hd : kElementThreads)), 1, 1});
     rms_norm({pooled, a.out, a.norm, a.eps});
     rope_rows(*this, a.out, 1, 1, hd, a.n_rot, a.pos, a.rope, false);
     if (a.fp8) {
@@ -74,7 +75,7 @@ void MetalStream::compressor_shift(const CompressorShiftArgs& a) {
     const int64_t width = Shape::coff(4) * a.head_dim;
     const ds4_comp_store_args args{(uint)width, 0, 4};
     dispatch_threads("compressor_shift", {}, {bytes_arg(args), arg(a.state_kv), arg(a.state_score)}, {},
-                     {(uint32_t)width, 4, 1}, {kElementThreads, 1, 1});
+                     {(uint32_t)width, 4, 1}, {threads_within("compressor_shift", {}, kElementThreads), 1, 1});
 }
 
 }  // namespace metal

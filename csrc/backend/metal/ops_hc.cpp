@@ -34,7 +34,7 @@ void weighted_sum(MetalStream& s, const Tensor& H, const Tensor& split, const Te
                   int64_t nb) {
     const ds4_hc_args args = hc_args(n_hc, E, 0, 0.0f, 0);
     s.dispatch_threads("hc_weighted_sum", {}, {bytes_arg(args), s.arg(H), s.arg(split), s.arg(x)}, {},
-                       {(uint32_t)E, (uint32_t)nb, 1}, {kElementThreads, 1, 1});
+                       {(uint32_t)E, (uint32_t)nb, 1}, {s.threads_within("hc_weighted_sum", {}, kElementThreads), 1, 1});
 }
 
 }  // namespace
@@ -67,7 +67,7 @@ void MetalStream::hc_post(const HcPostArgs& a) {
     const int64_t nb = a.block.rows(), E = a.block.width();
     const ds4_hc_args args = hc_args(a.n_hc, E, 0, 0.0f, 0);
     dispatch_threads("hc_post", {}, {bytes_arg(args), arg(a.block), arg(a.residual), arg(a.split), arg(a.out)}, {},
-                     {(uint32_t)E, (uint32_t)a.n_hc, (uint32_t)nb}, {kElementThreads, 1, 1});
+                     {(uint32_t)E, (uint32_t)a.n_hc, (uint32_t)nb}, {threads_within("hc_post", {}, kElementThreads), 1, 1});
 }
 
 void MetalStream::hc_collapse_norm(const HcCollapseNormArgs& a) {

@@ -37,17 +37,19 @@ void MetalStream::indexer_scores(const IndexerScoresArgs& a) {
     const float scale = 1.0f / std::sqrt((float)(a.head_dim * a.n_head));
     const ds4_elementwise_args ws{(uint)a.n_head, scale};
     dispatch_threads("indexer_weights_scale", {}, {bytes_arg(ws), arg(a.w)}, {}, {(uint32_t)a.n_head, 1, 1},
-                     {(uint32_t)(a.n_head < kElementThreads ? a.n_head : kElementThreads), 1, 1});
+                     {threads_within("indexer_weights_scale", {},
+                                     (uint32_t)(a.n_head < kElementThreads ? a.n_head : kElementThreads)), 1, 1});
     const ds4_indexer_args args{(uint)a.n_rows, (uint)a.n_head, (uint)a.head_dim, 1.0f};
+    const uint32_t sgs = threads_within("indexer_scores", {}, 32 * kScoreSimdgroups) / 32;
     dispatch("indexer_scores", {}, {bytes_arg(args), arg(a.q), arg(a.w), arg(a.rows), arg(a.scores)}, {},
-             {div_up(a.n_rows, kScoreSimdgroups), 1, 1}, {32 * kScoreSimdgroups, 1, 1});
+             {div_up(a.n_rows, sgs), 1, 1}, {32 * sgs, 1, 1});
 }
 
 void MetalStream::top_k_mask(const TopKMaskArgs& a) {
     const int64_t k = a.k < 0 ? 0 : a.k > 0xFFFFFFFFll ? 0xFFFFFFFFll : a.k;
     const ds4_topk_args args{(uint)a.n, (uint)k};
     dispatch_threads("top_k_mask", {}, {bytes_arg(args), arg(a.scores), arg(a.mask)}, {}, {(uint32_t)a.n, 1, 1},
-                     {kElementThreads, 1, 1});
+                     {threads_within("top_k_mask", {}, kElementThreads), 1, 1});
 }
 
 }  // namespace metal

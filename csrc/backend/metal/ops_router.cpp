@@ -42,7 +42,7 @@ void MetalStream::router(const RouterArgs& a) {
         fail(ErrorKind::InvalidArgument, "metal: router: need 1 <= n_used <= n_expert");
     }
     const FunctionConstant hashed = FunctionConstant::boolean(0, a.hash != nullptr);
-    if ((uint32_t)a.n_expert > max_threads("router", {hashed})) {
+    if (threads_within("router", {hashed}, (uint32_t)a.n_expert) < (uint32_t)a.n_expert) {
         fail(ErrorKind::Unsupported, "metal: router: one thread per expert, and " + std::to_string(a.n_expert) +
                                          " experts exceed the pipeline's threadgroup size");
     }

@@ -1,0 +1,303 @@
+// AVX2 group kernels of the prefill GEMM (gemm.h, docs/gemm.md) for Q2_K, Q4_K and IQ2_XXS.
+//
+// The AVX-512 VNNI design at half width: 8 rows per panel (the 8 int32 lanes of a 256-bit
+// register), one 32-byte panel vector per 4 consecutive k, tiles of 8 rows x 4 tokens (16 ymm
+// registers). Without vpdpbusd each step is vpmaddubsw (unsigned weight byte x signed activation
+// code, pairs summed in int16) + vpmaddwd by ones + add. The int16 pair sums cannot saturate:
+// Q2_K bytes are sc*q <= 45, Q4_K nibbles <= 15, IQ2_XXS grid values <= 43, so |pair| <= 2*45*128.
+// IQ2_XXS keeps |grid| in the panel and its sign bytes (0x01 / 0xFF) next to it; the sign is moved
+// onto the activation code with vpsignb exactly as the AVX2 row kernel does (same products, so
+// the same integers even for the -128 code, see dot_x86_common.inc). Q8_0 keeps the row kernels
+// here: its codes reach 128 in magnitude, where the unsigned-byte product would saturate.
+//
+// Float order per (row, token): the row kernels' (scalar block order), as in the VNNI file.
+#include <immintrin.h>
+
+#include "quant/formats.h"
+#include "quant/gemm.h"
+#include "quant/iq2xxs_tables.h"
+
+namespace ds4::quant {
+
+namespace {
+
+constexpr int kRows = 8;
+constexpr int kTile = 4;
+constexpr int64_t kVec = 32;
+constexpr int64_t kCodes256 = 64 * kVec;
+constexpr int64_t kQ2KBlk = kCodes256 + 8 * kVec + 2 * kVec;       // codes, min pairs, d, dmin
+constexpr int64_t kQ4KBlk = kCodes256 + 16 * kVec + 2 * kVec;      // codes, scales, min pairs, d, dmin
+constexpr int64_t kIq2Blk = 2 * kCodes256 + 8 * kVec + kVec;       // |grid|, signs, scales, d
+
+size_t panel_bytes(GgmlType t, int64_t n) {
+    switch (t) {
+        case GgmlType::Q2_K: return (size_t)(n / QK * kQ2KBlk);
+        case GgmlType::Q4_K: return (size_t)(n / QK * kQ4KBlk);
+        case GgmlType::IQ2_XXS: return (size_t)(n / QK * kIq2Blk);
+        default: return 0;
+    }
+}
+
+// Lane r gathers the dword at a byte offset of row r's block; lanes past nrows read nothing (0).
+struct RowGather {
+    __m256i idx, live;
+    explicit RowGather(const GemmGroup& g)
+        : idx(_mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)g.row_bytes))),
+          live(_mm256_cmpgt_epi32(_mm256_set1_epi32(g.nrows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))) {}
+    inline __m256i at(const uint8_t* block0, int64_t off) const {
+        return _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(block0 + off), idx,
+                                           live, 1);
+    }
+};
+
+inline void vst(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
+inline __m256i vld(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256i byte_of(__m256i v, int i) { return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(255)); }
+inline __m256i bcast32(const uint8_t* p) { return _mm256_set1_epi32((int)load_u32(p)); }
+
+// The f16 scale pair at byte offset off of each live row's block, as two float vectors.
+inline void f16_pair(const GemmGroup& g, const uint8_t* block0, int64_t off, uint8_t* d_out, uint8_t* m_out) {
+    alignas(32) float d[kRows] = {}, m[kRows] = {};
+    for (int r = 0; r < g.nrows; ++r) {
+        const uint8_t* p = block0 + r * g.row_bytes + off;
+        d[r] = _cvtsh_ss(load_u16(p));
+        if (m_out) m[r] = _cvtsh_ss(load_u16(p + 2));
+    }
+    _mm256_store_ps(reinterpret_cast<float*>(d_out), _mm256_load_ps(d));
+    if (m_out) _mm256_store_ps(reinterpret_cast<float*>(m_out), _mm256_load_ps(m));
+}
+
+void decode_q2_k(const GemmGroup& g) {
+    const RowGather rows(g);
+    const __m256i m3 = _mm256_set1_epi32(0x03030303), m15 = _mm256_set1_epi32(15);
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ2K);
+        uint8_t* pb = g.panel + b * kQ2KBlk;
+        __m256i sc4[4];
+        for (int q = 0; q < 4; ++q) sc4[q] = rows.at(blk, 4 * q);
+        // k = 128h + 32j + l: bits 2j of qs[32h + l]; sub-block scale index 8h + 2j + l/16.
+        for (int h = 0; h < 2; ++h) {
+            for (int m = 0; m < 8; ++m) {
+                const __m256i v = rows.at(blk, 16 + 32 * h + 4 * m);
+                for (int j = 0; j < 4; ++j) {
+                    const int i = 8 * h + 2 * j + (m >> 2);
+                    const __m256i sc = _mm256_and_si256(byte_of(sc4[i >> 2], i & 3), m15);
+                    const __m256i q = _mm256_and_si256(_mm256_srli_epi32(v, 2 * j), m3);
+                    vst(pb + (32 * h + 8 * j + m) * kVec, _mm256_mullo_epi32(q, sc));  // bytes <= 45, no carries
+                }
+            }
+        }
+        for (int p = 0; p < 8; ++p) {
+            const __m256i lo = _mm256_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1)), 4);
+            const __m256i hi = _mm256_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1) + 1), 4);
+            vst(pb + kCodes256 + p * kVec, _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+        }
+        f16_pair(g, blk, 80, pb + kCodes256 + 8 * kVec, pb + kCodes256 + 9 * kVec);
+    }
+}
+
+void decode_q4_k(const GemmGroup& g) {
+    const RowGather rows(g);
+    const __m256i m4 = _mm256_set1_epi32(0x0F0F0F0F), m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15);
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ4K);
+        uint8_t* pb = g.panel + b * kQ4KBlk;
+        for (int c = 0; c < 4; ++c) {
+            for (int m = 0; m < 8; ++m) {
+                const __m256i v = rows.at(blk, 16 + 32 * c + 4 * m);
+                vst(pb + (16 * c + m) * kVec, _mm256_and_si256(v, m4));
+                vst(pb + (16 * c + 8 + m) * kVec, _mm256_and_si256(_mm256_srli_epi32(v, 4), m4));
+            }
+        }
+        const __m256i s0 = rows.at(blk, 4), s1 = rows.at(blk, 8), s2 = rows.at(blk, 12);
+        auto sbyte = [&](int i) { return byte_of(i < 4 ? s0 : i < 8 ? s1 : s2, i & 3); };
+        for (int k = 0; k < 8; ++k) {
+            __m256i sc, mn;
+            if (k < 4) {
+                sc = _mm256_and_si256(sbyte(k), m63);
+                mn = _mm256_and_si256(sbyte(k + 4), m63);
+            } else {
+                sc = _mm256_or_si256(_mm256_and_si256(sbyte(k + 4), m15),
+                                     _mm256_slli_epi32(_mm256_srli_epi32(sbyte(k - 4), 6), 4));
+                mn = _mm256_or_si256(_mm256_srli_epi32(sbyte(k + 4), 4),
+                                     _mm256_slli_epi32(_mm256_srli_epi32(sbyte(k), 6), 4));
+            }
+            vst(pb + kCodes256 + k * kVec, sc);
+            vst(pb + kCodes256 + (8 + k) * kVec, _mm256_or_si256(mn, _mm256_slli_epi32(mn, 16)));
+        }
+        f16_pair(g, blk, 0, pb + kCodes256 + 16 * kVec, pb + kCodes256 + 17 * kVec);
+    }
+}
+
+void decode_iq2_xxs(const GemmGroup& g) {
+    const RowGather rows(g);
+    const int* grid = reinterpret_cast<const int*>(kIq2xxsGrid);  // dword 2i: low half of row i
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockIQ2XXS);
+        uint8_t* pb = g.panel + b * kIq2Blk;
+        for (int ib = 0; ib < 8; ++ib) {
+            const __m256i a = rows.at(blk, 2 + 8 * ib), sw = rows.at(blk, 6 + 8 * ib);
+            for (int l = 0; l < 4; ++l) {
+                // 8-bit sign pattern: the 7 stored bits and their parity (kIq2Ksigns).
+                const __m256i s7 = _mm256_and_si256(_mm256_srli_epi32(sw, 7 * l), _mm256_set1_epi32(127));
+                __m256i par = _mm256_xor_si256(s7, _mm256_srli_epi32(s7, 4));
+                par = _mm256_xor_si256(par, _mm256_srli_epi32(par, 2));
+                par = _mm256_and_si256(_mm256_xor_si256(par, _mm256_srli_epi32(par, 1)), _mm256_set1_epi32(1));
+                const __m256i s8 = _mm256_or_si256(s7, _mm256_slli_epi32(par, 7));
+                const __m256i gi = _mm256_slli_epi32(byte_of(a, l), 1);
+                for (int half = 0; half < 2; ++half) {
+                    const int s = 8 * ib + 2 * l + half;
+                    vst(pb + s * kVec, _mm256_i32gather_epi32(grid, _mm256_add_epi32(gi, _mm256_set1_epi32(half)), 4));
+                    // Bits 4*half .. 4*half+3 -> bytes 0xFF (negative) or 0x01, vpsignb operands.
+                    const __m256i x = _mm256_and_si256(_mm256_srli_epi32(s8, 4 * half), _mm256_set1_epi32(15));
+                    const __m256i spread = _mm256_or_si256(_mm256_or_si256(x, _mm256_slli_epi32(x, 7)),
+                                                           _mm256_or_si256(_mm256_slli_epi32(x, 14), _mm256_slli_epi32(x, 21)));
+                    const __m256i neg = _mm256_sub_epi8(_mm256_setzero_si256(),
+                                                        _mm256_and_si256(spread, _mm256_set1_epi32(0x01010101)));
+                    vst(pb + kCodes256 + s * kVec, _mm256_or_si256(neg, _mm256_set1_epi8(1)));
+                }
+            }
+            vst(pb + 2 * kCodes256 + ib * kVec,
+                _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(sw, 28), 1), _mm256_set1_epi32(1)));
+        }
+        f16_pair(g, blk, 0, pb + 2 * kCodes256 + 8 * kVec, nullptr);
+    }
+}
+
+// ---- micro-kernels: 8 rows x NT tokens ----------------------------------------------------------
+
+// acc + sum of the 4 byte products per lane (pairs in int16 first; no saturation, see top).
+inline __m256i dot4(__m256i acc, __m256i w_u8, __m256i a_s8) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w_u8, a_s8), _mm256_set1_epi16(1)));
+}
+
+template <int NT>
+inline void store_tile(const GemmGroup& g, int64_t t0, const __m256* acc) {
+    for (int t = 0; t < NT; ++t) {
+        alignas(32) float v[kRows];
+        _mm256_store_ps(v, acc[t]);
+        float* y = g.y[t0 + t] + g.row0;
+        for (int r = 0; r < g.nrows; ++r) y[r] = v[r];
+    }
+}
+
+template <int NT>
+inline void k_block_finish(const uint8_t* mins, const uint8_t* dvec, const uint8_t* const* xb, const __m256i* isum,
+                           __m256* sumf) {
+    __m256i summs[NT];
+    for (int t = 0; t < NT; ++t) summs[t] = _mm256_setzero_si256();
+    for (int p = 0; p < 8; ++p) {
+        const __m256i m = vld(mins + p * kVec);
+        for (int t = 0; t < NT; ++t) summs[t] = _mm256_add_epi32(summs[t], _mm256_madd_epi16(m, bcast32(xb[t] + 260 + 4 * p)));
+    }
+    const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(dvec));
+    const __m256 dm = _mm256_load_ps(reinterpret_cast<const float*>(dvec + kVec));
+    for (int t = 0; t < NT; ++t) {
+        const __m256 yd = _mm256_set1_ps(load_f32(xb[t]));
+        const __m256 dall = _mm256_mul_ps(yd, d), dmin = _mm256_mul_ps(yd, dm);
+        const __m256 v = _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(isum[t])),
+                                       _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(summs[t])));
+        sumf[t] = _mm256_add_ps(sumf[t], v);
+    }
+}
+
+template <int NT>
+void tile_q2_k(const GemmGroup& g, int64_t t0) {
+    __m256 sumf[NT];
+    for (int t = 0; t < NT; ++t) sumf[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* pb = g.panel + b * kQ2KBlk;
+        const uint8_t* xb[NT];
+        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
+        __m256i isum[NT];
+        for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+        for (int s = 0; s < 64; ++s) {
+            const __m256i w = vld(pb + s * kVec);
+            for (int t = 0; t < NT; ++t) isum[t] = dot4(isum[t], w, bcast32(xb[t] + 4 + 4 * s));
+        }
+        k_block_finish<NT>(pb + kCodes256, pb + kCodes256 + 8 * kVec, xb, isum, sumf);
+    }
+    store_tile<NT>(g, t0, sumf);
+}
+
+template <int NT>
+void tile_q4_k(const GemmGroup& g, int64_t t0) {
+    __m256 sumf[NT];
+    for (int t = 0; t < NT; ++t) sumf[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* pb = g.panel + b * kQ4KBlk;
+        const uint8_t* xb[NT];
+        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
+        __m256i isum[NT];
+        for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+        for (int sub = 0; sub < 8; ++sub) {
+            __m256i part[NT];
+            for (int t = 0; t < NT; ++t) part[t] = _mm256_setzero_si256();
+            for (int s = 8 * sub; s < 8 * sub + 8; ++s) {
+                const __m256i w = vld(pb + s * kVec);
+                for (int t = 0; t < NT; ++t) part[t] = dot4(part[t], w, bcast32(xb[t] + 4 + 4 * s));
+            }
+            const __m256i sc = vld(pb + kCodes256 + sub * kVec);
+            for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(part[t], sc));
+        }
+        k_block_finish<NT>(pb + kCodes256 + 8 * kVec, pb + kCodes256 + 16 * kVec, xb, isum, sumf);
+    }
+    store_tile<NT>(g, t0, sumf);
+}
+
+template <int NT>
+void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
+    __m256 sumf[NT];
+    for (int t = 0; t < NT; ++t) sumf[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* pb = g.panel + b * kIq2Blk;
+        const uint8_t* xb[NT];
+        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
+        __m256i bsum[NT];
+        for (int t = 0; t < NT; ++t) bsum[t] = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ++ib) {
+            __m256i part[NT];
+            for (int t = 0; t < NT; ++t) part[t] = _mm256_setzero_si256();
+            for (int s = 8 * ib; s < 8 * ib + 8; ++s) {
+                const __m256i w = vld(pb + s * kVec), sg = vld(pb + kCodes256 + s * kVec);
+                for (int t = 0; t < NT; ++t)
+                    part[t] = dot4(part[t], w, _mm256_sign_epi8(bcast32(xb[t] + 4 + 4 * s), sg));
+            }
+            const __m256i sc = vld(pb + 2 * kCodes256 + ib * kVec);
+            for (int t = 0; t < NT; ++t) bsum[t] = _mm256_add_epi32(bsum[t], _mm256_mullo_epi32(part[t], sc));
+        }
+        const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(pb + 2 * kCodes256 + 8 * kVec));
+        for (int t = 0; t < NT; ++t) {
+            const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(load_f32(xb[t])));
+            sumf[t] = _mm256_add_ps(sumf[t], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(bsum[t])));
+        }
+    }
+    for (int t = 0; t < NT; ++t) sumf[t] = _mm256_mul_ps(_mm256_set1_ps(0.125f), sumf[t]);
+    store_tile<NT>(g, t0, sumf);
+}
+
+template <void (*Decode)(const GemmGroup&), template <int> class Tile>
+void run_group(const GemmGroup& g) {
+    Decode(g);
+    int64_t t0 = 0;
+    for (; t0 + kTile <= g.ntok; t0 += kTile) Tile<kTile>::run(g, t0);
+    switch (g.ntok - t0) {
+        case 1: Tile<1>::run(g, t0); break;
+        case 2: Tile<2>::run(g, t0); break;
+        case 3: Tile<3>::run(g, t0); break;
+        default: break;
+    }
+}
+
+template <int NT> struct TileQ2K { static void run(const GemmGroup& g, int64_t t0) { tile_q2_k<NT>(g, t0); } };
+template <int NT> struct TileQ4K { static void run(const GemmGroup& g, int64_t t0) { tile_q4_k<NT>(g, t0); } };
+template <int NT> struct TileIq2 { static void run(const GemmGroup& g, int64_t t0) { tile_iq2_xxs<NT>(g, t0); } };
+
+const GemmKernels kAvx2{kRows, nullptr, run_group<decode_q2_k, TileQ2K>, run_group<decode_q4_k, TileQ4K>,
+                        run_group<decode_iq2_xxs, TileIq2>, panel_bytes};
+
+}  // namespace
+
+const GemmKernels& avx2_gemm() { return kAvx2; }
+
+}  // namespace ds4::quant

@@ -1,0 +1,417 @@
+// AVX-512 VNNI group kernels of the prefill GEMM (gemm.h, docs/gemm.md).
+//
+// Panel: per 256- or 32-block, the codes of 16 rows as one 64-byte vector per 4 consecutive k
+// (lane r = row r's 4 codes, as bytes), followed by the per-row block data (float scales, int32
+// sub-block scales, int16 min pairs). A tile of NT tokens x 16 rows accumulates with
+//   vpdpbusd acc[t], panel_vector, broadcast(4 activation codes of token t)
+// i.e. unsigned weight bytes times signed activation codes, 64 products per instruction, every
+// activation dword loaded once per tile row-vector and every panel vector once per NT tokens.
+// Unsigned weights: Q2_K stores sc * q (<= 15 * 3 = 45: the sub-block scale folded in, exact),
+// Q4_K its nibble q; Q8_0 and IQ2_XXS store code + 128 and the driver's per-32 correction
+// -128 * sum(activation codes) is the accumulator's start value, so every int32 block sum is exact.
+//
+// Float order: per (row, token) exactly the row kernel of the avx512 / avx512vnni paths:
+//   Q2_K, Q4_K: sumf += (yd*d)*(float)isum - (yd*dmin)*(float)summs, blocks in order;
+//   IQ2_XXS:    sumf += (d*yd)*(float)bsum, blocks in order, then 0.125f * sumf;
+//   Q8_0:       term_b = (d*xd)*(float)isum; lane j = sum over groups g of term_{8g+j} (j < 8,
+//               whole groups of 8 blocks), reduced as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then
+//               the remaining blocks added one by one (x86_q8_0_n in dot_x86_common.inc).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+// GCC 12's AVX-512 headers trip -W(maybe-)uninitialized on their own _mm512_undefined_* idiom
+// (GCC PR 105593, fixed in 13); nothing in this file reads an uninitialised value.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+
+#include "quant/formats.h"
+#include "quant/gemm.h"
+#include "quant/iq2xxs_tables.h"
+
+namespace ds4::quant {
+
+namespace {
+
+constexpr int kTile = 8;  // tokens per register tile (8 x 3 accumulators + operands fit 32 zmm)
+
+// Panel bytes per block.
+constexpr int64_t kCodes256 = 64 * 64;  // 64 vectors of 4 k x 16 rows
+constexpr int64_t kVec = 64;
+constexpr int64_t kQ8_0Blk = 8 * kVec + kVec;                 // codes, d
+constexpr int64_t kQ2KBlk = kCodes256 + 8 * kVec + 2 * kVec;   // codes, min pairs, d, dmin
+constexpr int64_t kQ4KBlk = kCodes256 + 16 * kVec + 2 * kVec;  // codes, scales, min pairs, d, dmin
+constexpr int64_t kIq2Blk = kCodes256 + 8 * kVec + kVec;       // codes, scales, d
+
+size_t panel_bytes(GgmlType t, int64_t n) {
+    switch (t) {
+        case GgmlType::Q8_0: return (size_t)(n / 32 * kQ8_0Blk);
+        case GgmlType::Q2_K: return (size_t)(n / QK * kQ2KBlk);
+        case GgmlType::Q4_K: return (size_t)(n / QK * kQ4KBlk);
+        case GgmlType::IQ2_XXS: return (size_t)(n / QK * kIq2Blk);
+        default: return 0;
+    }
+}
+
+// ---- panel decoding (once per row group) -------------------------------------------------------
+// Vectorised across the 16 rows: lane r gathers its dword from row r (row_bytes apart), so each
+// gathered vector is already one panel vector (rows in lanes); lanes past nrows are masked off
+// and read as zero.
+
+struct RowGather {
+    __m512i idx;
+    __mmask16 live;
+    explicit RowGather(const GemmGroup& g)
+        : idx(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                 _mm512_set1_epi32((int)g.row_bytes))),
+          live((__mmask16)((1u << g.nrows) - 1)) {}
+    // Dword at byte offset off of every row's block (off + 4 <= block size: never past a row).
+    inline __m512i at(const uint8_t* block0, int64_t off) const {
+        return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, block0 + off, 1);
+    }
+};
+
+inline void vst(uint8_t* p, __m512i v) { _mm512_store_si512(reinterpret_cast<void*>(p), v); }
+inline __m512 f16_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
+inline __m512 f16_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))); }
+inline __m512i byte_of(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(255)); }
+
+void decode_q8_0(const GemmGroup& g) {
+    const RowGather rows(g);
+    const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
+    for (int64_t b = 0; b < g.n / 32; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ8_0);
+        uint8_t* pb = g.panel + b * kQ8_0Blk;
+        for (int s = 0; s < 8; ++s) vst(pb + s * kVec, _mm512_xor_si512(rows.at(blk, 2 + 4 * s), flip));
+        _mm512_store_ps(pb + 8 * kVec, f16_lo(rows.at(blk, 0)));  // d and the first two codes
+    }
+}
+
+void decode_q2_k(const GemmGroup& g) {
+    const RowGather rows(g);
+    const __m512i m3 = _mm512_set1_epi32(0x03030303), m15 = _mm512_set1_epi32(15);
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ2K);
+        uint8_t* pb = g.panel + b * kQ2KBlk;
+        __m512i sc4[4];  // scales[4q .. 4q+3] of every row
+        for (int q = 0; q < 4; ++q) sc4[q] = rows.at(blk, 4 * q);
+        // k = 128h + 32j + l: bits 2j of qs[32h + l]; sub-block scale index 8h + 2j + l/16.
+        for (int h = 0; h < 2; ++h) {
+            for (int m = 0; m < 8; ++m) {
+                const __m512i v = rows.at(blk, 16 + 32 * h + 4 * m);
+                for (int j = 0; j < 4; ++j) {
+                    const int i = 8 * h + 2 * j + (m >> 2);
+                    const __m512i sc = _mm512_and_si512(byte_of(sc4[i >> 2], i & 3), m15);
+                    // Each byte q*sc <= 45: the 32-bit product has no carries between bytes.
+                    const __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 2 * j), m3);
+                    vst(pb + (32 * h + 8 * j + m) * kVec, _mm512_mullo_epi32(q, sc));
+                }
+            }
+        }
+        for (int p = 0; p < 8; ++p) {
+            const __m512i lo = _mm512_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1)), 4);
+            const __m512i hi = _mm512_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1) + 1), 4);
+            vst(pb + kCodes256 + p * kVec, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+        const __m512i dd = rows.at(blk, 80);
+        _mm512_store_ps(pb + kCodes256 + 8 * kVec, f16_lo(dd));
+        _mm512_store_ps(pb + kCodes256 + 9 * kVec, f16_hi(dd));
+    }
+}
+
+void decode_q4_k(const GemmGroup& g) {
+    const RowGather rows(g);
+    const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ4K);
+        uint8_t* pb = g.panel + b * kQ4KBlk;
+        // k = 64c + l: low nibble of qs[32c + l] (sub-block 2c); k = 64c + 32 + l: high (2c+1).
+        for (int c = 0; c < 4; ++c) {
+            for (int m = 0; m < 8; ++m) {
+                const __m512i v = rows.at(blk, 16 + 32 * c + 4 * m);
+                vst(pb + (16 * c + m) * kVec, _mm512_and_si512(v, m4));
+                vst(pb + (16 * c + 8 + m) * kVec, _mm512_and_si512(_mm512_srli_epi32(v, 4), m4));
+            }
+        }
+        // The 6-bit (scale, min) pairs of q4k_scale_min, per lane.
+        const __m512i s0 = rows.at(blk, 4), s1 = rows.at(blk, 8), s2 = rows.at(blk, 12);
+        auto sbyte = [&](int i) { return byte_of(i < 4 ? s0 : i < 8 ? s1 : s2, i & 3); };
+        for (int k = 0; k < 8; ++k) {
+            __m512i sc, mn;
+            if (k < 4) {
+                sc = _mm512_and_si512(sbyte(k), m63);
+                mn = _mm512_and_si512(sbyte(k + 4), m63);
+            } else {
+                sc = _mm512_or_si512(_mm512_and_si512(sbyte(k + 4), m15),
+                                     _mm512_slli_epi32(_mm512_srli_epi32(sbyte(k - 4), 6), 4));
+                mn = _mm512_or_si512(_mm512_srli_epi32(sbyte(k + 4), 4),
+                                     _mm512_slli_epi32(_mm512_srli_epi32(sbyte(k), 6), 4));
+            }
+            vst(pb + kCodes256 + k * kVec, sc);
+            vst(pb + kCodes256 + (8 + k) * kVec, _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16)));
+        }
+        const __m512i dd = rows.at(blk, 0);
+        _mm512_store_ps(pb + kCodes256 + 16 * kVec, f16_lo(dd));
+        _mm512_store_ps(pb + kCodes256 + 17 * kVec, f16_hi(dd));
+    }
+}
+
+// Four 4-bit sign nibbles -> byte masks: bit j of x (j < 4) -> 0xFF in byte j, else 0x00.
+inline __m512i nibble_to_byte_mask(__m512i x) {
+    const __m512i spread = _mm512_or_si512(_mm512_or_si512(x, _mm512_slli_epi32(x, 7)),
+                                           _mm512_or_si512(_mm512_slli_epi32(x, 14), _mm512_slli_epi32(x, 21)));
+    return _mm512_sub_epi8(_mm512_setzero_si512(), _mm512_and_si512(spread, _mm512_set1_epi32(0x01010101)));
+}
+
+void decode_iq2_xxs(const GemmGroup& g) {
+    const RowGather rows(g);
+    const long long* grid = reinterpret_cast<const long long*>(kIq2xxsGrid);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockIQ2XXS);
+        uint8_t* pb = g.panel + b * kIq2Blk;
+        for (int ib = 0; ib < 8; ++ib) {
+            const __m512i a = rows.at(blk, 2 + 8 * ib), sw = rows.at(blk, 6 + 8 * ib);
+            // The four 8-bit sign patterns: 7 stored bits each, bit 7 = parity of the 7 (even
+            // number of negatives per group of 8), as kIq2Ksigns tabulates.
+            for (int l = 0; l < 4; ++l) {
+                const __m512i s7 = _mm512_and_si512(_mm512_srli_epi32(sw, 7 * l), _mm512_set1_epi32(127));
+                __m512i par = _mm512_xor_si512(s7, _mm512_srli_epi32(s7, 4));
+                par = _mm512_xor_si512(par, _mm512_srli_epi32(par, 2));
+                par = _mm512_and_si512(_mm512_xor_si512(par, _mm512_srli_epi32(par, 1)), _mm512_set1_epi32(1));
+                const __m512i s8 = _mm512_or_si512(s7, _mm512_slli_epi32(par, 7));
+                // Whole 8-byte grid rows, 8 rows per gather (half the gathered elements of two
+                // dword gathers), then split into the low and high dwords of rows 0..15.
+                const __m512i gi = byte_of(a, l);
+                const __m512i g0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(gi), grid, 8);
+                const __m512i g1 = _mm512_i32gather_epi64(_mm512_extracti32x8_epi32(gi, 1), grid, 8);
+                for (int half = 0; half < 2; ++half) {
+                    const __m512i gv = _mm512_permutex2var_epi32(g0, half ? odd : even, g1);
+                    const __m512i neg = nibble_to_byte_mask(_mm512_and_si512(_mm512_srli_epi32(s8, 4 * half), _mm512_set1_epi32(15)));
+                    // (v ^ m) - m negates the bytes where m = 0xFF; + 128 as xor 0x80.
+                    const __m512i w = _mm512_sub_epi8(_mm512_xor_si512(gv, neg), neg);
+                    vst(pb + (8 * ib + 2 * l + half) * kVec, _mm512_xor_si512(w, flip));
+                }
+            }
+            vst(pb + kCodes256 + ib * kVec,
+                _mm512_add_epi32(_mm512_slli_epi32(_mm512_srli_epi32(sw, 28), 1), _mm512_set1_epi32(1)));
+        }
+        _mm512_store_ps(pb + kCodes256 + 8 * kVec, f16_lo(rows.at(blk, 0)));
+    }
+}
+
+// ---- micro-kernels: 16 rows x NT tokens ---------------------------------------------------------
+
+inline __m512i vld(const uint8_t* p) { return _mm512_load_si512(reinterpret_cast<const void*>(p)); }
+inline __m512i bcast32(const uint8_t* p) { return _mm512_set1_epi32((int)load_u32(p)); }
+
+template <int NT>
+inline void store_tile(const GemmGroup& g, int64_t t0, const __m512* acc) {
+    const __mmask16 m = (__mmask16)((1u << g.nrows) - 1);
+    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(g.y[t0 + t] + g.row0, m, acc[t]);
+}
+
+// The int32 block sum of Q8_0 block b for NT tokens (start value: the activation correction).
+template <int NT>
+inline void q8_0_isum(const GemmGroup& g, const uint8_t* const* x, const int32_t* const* corr, int64_t b,
+                      __m512i* isum) {
+    const uint8_t* pb = g.panel + b * kQ8_0Blk;
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_set1_epi32(corr[t][b]);
+    const uint8_t* xa[NT];
+    for (int t = 0; t < NT; ++t) xa[t] = x[t] + b * (int64_t)sizeof(BlockQ8_0Act) + 4;
+    for (int s = 0; s < 8; ++s) {
+        const __m512i w = vld(pb + s * kVec);
+        for (int t = 0; t < NT; ++t) isum[t] = _mm512_dpbusd_epi32(isum[t], w, bcast32(xa[t] + 4 * s));
+    }
+}
+
+template <int NT>
+inline __m512 q8_0_term(const GemmGroup& g, const uint8_t* xt, int64_t b, __m512i isum) {
+    const __m512 d = _mm512_load_ps(g.panel + b * kQ8_0Blk + 8 * kVec);
+    const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(load_f32(xt + b * (int64_t)sizeof(BlockQ8_0Act))));
+    return _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum));
+}
+
+template <int NT>
+void tile_q8_0(const GemmGroup& g, int64_t t0) {
+    const int64_t nb = g.n / 32, groups = nb / 8, groups_per_tok = g.n / 32;
+    const uint8_t* x[NT];
+    const int32_t* corr[NT];
+    for (int t = 0; t < NT; ++t) {
+        x[t] = g.xq + (t0 + t) * g.act_bytes;
+        corr[t] = g.corr + (t0 + t) * groups_per_tok;
+    }
+    __m512 sum[NT];
+    for (int t = 0; t < NT; ++t) sum[t] = _mm512_setzero_ps();
+    if (groups > 0) {
+        __m512 lane[8][NT];
+        for (int j = 0; j < 8; ++j) {
+            __m512 acc[NT];
+            for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+            for (int64_t gi = 0; gi < groups; ++gi) {
+                __m512i isum[NT];
+                q8_0_isum<NT>(g, x, corr, 8 * gi + j, isum);
+                for (int t = 0; t < NT; ++t) acc[t] = _mm512_add_ps(acc[t], q8_0_term<NT>(g, x[t], 8 * gi + j, isum[t]));
+            }
+            for (int t = 0; t < NT; ++t) lane[j][t] = acc[t];
+        }
+        for (int t = 0; t < NT; ++t) {
+            const __m512 a0 = _mm512_add_ps(lane[0][t], lane[4][t]), a1 = _mm512_add_ps(lane[1][t], lane[5][t]);
+            const __m512 a2 = _mm512_add_ps(lane[2][t], lane[6][t]), a3 = _mm512_add_ps(lane[3][t], lane[7][t]);
+            sum[t] = _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
+        }
+    }
+    for (int64_t b = groups * 8; b < nb; ++b) {
+        __m512i isum[NT];
+        q8_0_isum<NT>(g, x, corr, b, isum);
+        for (int t = 0; t < NT; ++t) sum[t] = _mm512_add_ps(sum[t], q8_0_term<NT>(g, x[t], b, isum[t]));
+    }
+    store_tile<NT>(g, t0, sum);
+}
+
+// Q2_K / Q4_K: the min term sum_j bsums[j] * min(j) as 8 vpdpwssd over int16 pairs, and the
+// block value (yd*d)*(float)isum - (yd*dmin)*(float)summs added to sumf.
+template <int NT>
+inline void k_block_finish(const uint8_t* mins, const uint8_t* dvec, const uint8_t* const* xb, const __m512i* isum,
+                           __m512* sumf) {
+    __m512i summs[NT];
+    for (int t = 0; t < NT; ++t) summs[t] = _mm512_setzero_si512();
+    for (int p = 0; p < 8; ++p) {
+        const __m512i m = vld(mins + p * kVec);
+        for (int t = 0; t < NT; ++t) summs[t] = _mm512_dpwssd_epi32(summs[t], m, bcast32(xb[t] + 260 + 4 * p));
+    }
+    const __m512 d = _mm512_load_ps(dvec), dm = _mm512_load_ps(dvec + kVec);
+    for (int t = 0; t < NT; ++t) {
+        const __m512 yd = _mm512_set1_ps(load_f32(xb[t]));
+        const __m512 dall = _mm512_mul_ps(yd, d), dmin = _mm512_mul_ps(yd, dm);
+        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(dall, _mm512_cvtepi32_ps(isum[t])),
+                                       _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summs[t])));
+        sumf[t] = _mm512_add_ps(sumf[t], v);
+    }
+}
+
+template <int NT>
+void tile_q2_k(const GemmGroup& g, int64_t t0) {
+    __m512 sumf[NT];
+    for (int t = 0; t < NT; ++t) sumf[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* pb = g.panel + b * kQ2KBlk;
+        const uint8_t* xb[NT];
+        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
+        __m512i isum[NT];
+        for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+        for (int s = 0; s < 64; ++s) {
+            const __m512i w = vld(pb + s * kVec);
+            for (int t = 0; t < NT; ++t) isum[t] = _mm512_dpbusd_epi32(isum[t], w, bcast32(xb[t] + 4 + 4 * s));
+        }
+        k_block_finish<NT>(pb + kCodes256, pb + kCodes256 + 8 * kVec, xb, isum, sumf);
+    }
+    store_tile<NT>(g, t0, sumf);
+}
+
+template <int NT>
+void tile_q4_k(const GemmGroup& g, int64_t t0) {
+    __m512 sumf[NT];
+    for (int t = 0; t < NT; ++t) sumf[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* pb = g.panel + b * kQ4KBlk;
+        const uint8_t* xb[NT];
+        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
+        __m512i isum[NT];
+        for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+        for (int sub = 0; sub < 8; ++sub) {
+            __m512i part[NT];
+            for (int t = 0; t < NT; ++t) part[t] = _mm512_setzero_si512();
+            for (int s = 8 * sub; s < 8 * sub + 8; ++s) {
+                const __m512i w = vld(pb + s * kVec);
+                for (int t = 0; t < NT; ++t) part[t] = _mm512_dpbusd_epi32(part[t], w, bcast32(xb[t] + 4 + 4 * s));
+            }
+            const __m512i sc = vld(pb + kCodes256 + sub * kVec);
+            for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(part[t], sc));
+        }
+        k_block_finish<NT>(pb + kCodes256 + 8 * kVec, pb + kCodes256 + 16 * kVec, xb, isum, sumf);
+    }
+    store_tile<NT>(g, t0, sumf);
+}
+
+template <int NT>
+void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
+    const int64_t groups_per_tok = g.n / 32;
+    __m512 sumf[NT];
+    for (int t = 0; t < NT; ++t) sumf[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < g.n / QK; ++b) {
+        const uint8_t* pb = g.panel + b * kIq2Blk;
+        const uint8_t* xb[NT];
+        const int32_t* corr[NT];
+        for (int t = 0; t < NT; ++t) {
+            xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
+            corr[t] = g.corr + (t0 + t) * groups_per_tok + 8 * b;
+        }
+        __m512i bsum[NT];
+        for (int t = 0; t < NT; ++t) bsum[t] = _mm512_setzero_si512();
+        for (int ib = 0; ib < 8; ++ib) {
+            __m512i part[NT];
+            for (int t = 0; t < NT; ++t) part[t] = _mm512_set1_epi32(corr[t][ib]);
+            for (int s = 8 * ib; s < 8 * ib + 8; ++s) {
+                const __m512i w = vld(pb + s * kVec);
+                for (int t = 0; t < NT; ++t) part[t] = _mm512_dpbusd_epi32(part[t], w, bcast32(xb[t] + 4 + 4 * s));
+            }
+            const __m512i sc = vld(pb + kCodes256 + ib * kVec);
+            for (int t = 0; t < NT; ++t) bsum[t] = _mm512_add_epi32(bsum[t], _mm512_mullo_epi32(part[t], sc));
+        }
+        const __m512 d = _mm512_load_ps(pb + kCodes256 + 8 * kVec);
+        for (int t = 0; t < NT; ++t) {
+            const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(load_f32(xb[t])));
+            sumf[t] = _mm512_add_ps(sumf[t], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(bsum[t])));
+        }
+    }
+    for (int t = 0; t < NT; ++t) sumf[t] = _mm512_mul_ps(_mm512_set1_ps(0.125f), sumf[t]);
+    store_tile<NT>(g, t0, sumf);
+}
+
+// ---- group drivers: decode once, then every token tile -------------------------------------------
+
+template <void (*Decode)(const GemmGroup&), template <int> class Tile>
+void run_group(const GemmGroup& g) {
+    Decode(g);
+    int64_t t0 = 0;
+    for (; t0 + kTile <= g.ntok; t0 += kTile) Tile<kTile>::run(g, t0);
+    switch (g.ntok - t0) {
+        case 1: Tile<1>::run(g, t0); break;
+        case 2: Tile<2>::run(g, t0); break;
+        case 3: Tile<3>::run(g, t0); break;
+        case 4: Tile<4>::run(g, t0); break;
+        case 5: Tile<5>::run(g, t0); break;
+        case 6: Tile<6>::run(g, t0); break;
+        case 7: Tile<7>::run(g, t0); break;
+        default: break;
+    }
+}
+
+template <int NT> struct TileQ8_0 { static void run(const GemmGroup& g, int64_t t0) { tile_q8_0<NT>(g, t0); } };
+template <int NT> struct TileQ2K { static void run(const GemmGroup& g, int64_t t0) { tile_q2_k<NT>(g, t0); } };
+template <int NT> struct TileQ4K { static void run(const GemmGroup& g, int64_t t0) { tile_q4_k<NT>(g, t0); } };
+template <int NT> struct TileIq2 { static void run(const GemmGroup& g, int64_t t0) { tile_iq2_xxs<NT>(g, t0); } };
+
+const GemmKernels kVnni{16, run_group<decode_q8_0, TileQ8_0>, run_group<decode_q2_k, TileQ2K>,
+                        run_group<decode_q4_k, TileQ4K>, run_group<decode_iq2_xxs, TileIq2>, panel_bytes};
+
+}  // namespace
+
+const GemmKernels& avx512vnni_gemm() { return kVnni; }
+
+int64_t avx512vnni_dot_loop(int64_t iters) {
+    __m512i acc[12];
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+    __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(3);
+    for (int64_t it = 0; it < iters; ++it) {
+        for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+        __asm__ volatile("" : "+v"(a), "+v"(b));  // keep the operands opaque: no folding
+    }
+    __m512i s = acc[0];
+    for (int i = 1; i < 12; ++i) s = _mm512_xor_si512(s, acc[i]);
+    return _mm512_reduce_add_epi32(s);
+}
+
+}  // namespace ds4::quant

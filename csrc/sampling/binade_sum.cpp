@@ -1,0 +1,67 @@
+#include "sampling/binade_sum.h"
+
+#include <vector>
+
+#include "sampling/binade_sum_impl.h"
+#include "sampling/exp_weights.h"
+
+// Why a binade at a time is exact (docs/sampling.md). While the running sum s lies in the binade
+// [2^e, 2^(e+1)) it is an integer number S of units u = 2^(e-23), and fl(s + w) for w >= 0 is the
+// nearest multiple of u to s + w (ties to even) as long as that stays below 2^(e+1). So the step is
+// S += round(w / u), an integer addition, whenever w / u is not exactly a half-integer (the tie
+// would need S's parity) and S stays below 2^24. A block of 16 terms whose every y = w / u is
+// certainly not a tie and whose rounded units keep S below 2^24 therefore adds its units at once;
+// any other block runs the plain float loop. The same holds going down for the walk r = fl(r - w)
+// while the result stays above 2^e (below it the grid is finer): R -= round(w / u) when R stays
+// > 2^23. Terms below u/2 round to 0 units: they leave the sum unchanged, as in the plain loop.
+//
+// The weights need not be known exactly to round w / u: an approximation within a relative error
+// of kApproxWeightRel (and 2^-125 absolute, below 2^-40 units) decides round(w / u) unless y lies
+// within that error of a half-integer, or y is large (> 16384 units: the error is then a sizeable
+// part of a unit). Such blocks evaluate their exact weights and round those. Early in a sum (s
+// small against the terms) most blocks do; once s is large against the terms, almost none. Runs
+// of exact zeros (arguments below -105, and -inf) are skipped.
+// The AVX-512 build does this (binade_sum_avx512.cpp); other builds run the plain loops, which
+// give the same values.
+
+namespace ds4 {
+
+float binade_seq_sum(const float* w, int64_t n) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_seq_sum_avx512(w, n);
+#endif
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; ++i) s += w[i];
+    return s;
+}
+
+float binade_weight_total(const float* x, int64_t n, float* wa) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_weight_total_avx512(x, n, wa);
+#endif
+    std::vector<float> own;
+    if (!wa) {
+        own.resize((size_t)n);
+        wa = own.data();
+    }
+    exp_weights(x, wa, n);   // the exact weights: the best approximation there is
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; ++i) s += wa[i];
+    return s;
+}
+
+int64_t binade_weight_walk(const float* x, const float* wa, int64_t n, float r) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_weight_walk_avx512(x, wa, n, r);
+#endif
+    return binade::walk_plain(x, n, r);
+}
+
+void approx_exp_weights(const float* x, float* w, int64_t n) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return approx_exp_weights_avx512(x, w, n);
+#endif
+    exp_weights(x, w, n);
+}
+
+}  // namespace ds4

@@ -1,0 +1,30 @@
+// Sequential float32 sums and walks over the sampling weights, computed a binade at a time
+// (docs/sampling.md, "Exact sums without the add chain"). Every function returns exactly what the
+// plain one-add-at-a-time float32 loop returns; only the time differs.
+#pragma once
+#include <cstdint>
+
+namespace ds4 {
+
+// s = 0; for i: s = fl(s + w[i]); return s. Any inputs (inf, NaN, negative, denormal).
+float binade_seq_sum(const float* w, int64_t n);
+
+// The same loop over the weights exp_weights(x) (x: shifted arguments <= 0 or -inf), without
+// evaluating most of those exponentials exactly. When wa is not null it receives an
+// approximation of every weight (within kApproxWeightRel relative + 2^-125 absolute): a guide for
+// choosing thresholds, never used for a decision that must be exact.
+float binade_weight_total(const float* x, int64_t n, float* wa);
+
+// The walk r = fl(r - w[i]) over the weights exp_weights(x) in order: the first i where
+// r <= 0, or -1 when the walk runs off the end. wa: binade_weight_total's approximations of the
+// same weights (saves evaluating them again), or null.
+int64_t binade_weight_walk(const float* x, const float* wa, int64_t n, float r);
+
+// The fast exponential used to skip exact evaluations (exp_weights itself where there is no
+// AVX-512 build), and its relative error bound against exp_weights for arguments >= -87 (2^-125
+// absolute below). Checked over every float32 argument in [-87, 0]: at most
+// 2^-21.2 (tests/test_sampling.py samples it); the bound leaves a factor 2.3.
+void approx_exp_weights(const float* x, float* w, int64_t n);
+constexpr float kApproxWeightRel = 0x1p-20f;
+
+}  // namespace ds4

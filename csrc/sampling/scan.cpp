@@ -1,0 +1,51 @@
+#include "sampling/scan.h"
+
+#include "sampling/exp_weights.h"
+
+namespace ds4 {
+
+int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t* out) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return collect_finite_at_least_avx512(a, n, floor, out);
+#endif
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; ++i)
+        if (a[i] >= floor && a[i] - a[i] == 0.0f) out[k++] = (int32_t)i;
+    return k;
+}
+
+float finite_max(const float* a, int64_t n) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return finite_max_avx512(a, n);
+#endif
+    float r = -__builtin_inff();
+    for (int64_t i = 0; i < n; ++i)
+        if (a[i] - a[i] == 0.0f && a[i] > r) r = a[i];
+    return r;
+}
+
+int64_t shifted_args(const float* a, int64_t n, float m, float t, float* x) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return shifted_args_avx512(a, n, m, t, x);
+#endif
+    const float neg_inf = -__builtin_inff();
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const bool fin = a[i] - a[i] == 0.0f;   // false for NaN and +-inf
+        c += fin;
+        x[i] = fin ? (t == 1.0f ? a[i] - m : (a[i] - m) / t) : neg_inf;
+    }
+    return c;
+}
+
+double mass_in(const float* w, int64_t n, float lo, float hi, int step) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return mass_in_avx512(w, n, lo, hi, step);
+#endif
+    double r = 0.0;
+    for (int64_t b = 0; b < n; b += 16 * (int64_t)step)
+        for (int64_t i = b; i < b + 16 && i < n; ++i) r += (w[i] >= lo && w[i] < hi) ? w[i] : 0.0f;
+    return r * step;
+}
+
+}  // namespace ds4

@@ -1,0 +1,28 @@
+// Whole-vocabulary scans of the sampler with an AVX-512 build (chosen at run time like exp_weights;
+// the results do not depend on the build).
+#pragma once
+#include <cstdint>
+
+namespace ds4 {
+
+// Writes the ids i (ascending) with a[i] finite and a[i] >= floor to out; returns how many.
+// out must hold n + 16 entries (the vector build writes whole vectors).
+int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t* out);
+
+// The sum of the entries lo <= w[i] < hi in every step-th block of 16 (step 1: every entry),
+// times step: an estimate of the mass in [lo, hi), for choosing thresholds only.
+double mass_in(const float* w, int64_t n, float lo, float hi, int step);
+
+// The largest finite a[i] (-inf when none is finite).
+float finite_max(const float* a, int64_t n);
+
+// x[i] = fl(fl(a[i] - m) / t), -inf for non-finite a[i] (dividing by 1 is exact: skipped);
+// returns how many a[i] are finite.
+int64_t shifted_args(const float* a, int64_t n, float m, float t, float* x);
+
+float finite_max_avx512(const float* a, int64_t n);
+int64_t shifted_args_avx512(const float* a, int64_t n, float m, float t, float* x);
+int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, int32_t* out);
+double mass_in_avx512(const float* w, int64_t n, float lo, float hi, int step);
+
+}  // namespace ds4

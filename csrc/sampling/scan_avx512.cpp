@@ -1,0 +1,75 @@
+// scan.h for AVX-512: a compare mask per 16 entries; ids leave through a register compress.
+#include <immintrin.h>
+
+#include "sampling/scan.h"
+
+namespace ds4 {
+
+int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, int32_t* out) {
+    const __m512 f = _mm512_set1_ps(floor), zero = _mm512_setzero_ps();
+    __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16);
+    int64_t k = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(a + i);
+        // v >= floor (false for NaN), and v - v == 0 (false for +-inf)
+        const __mmask16 m = _mm512_cmp_ps_mask(v, f, _CMP_GE_OQ) & _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ);
+        if (m) {
+            _mm512_storeu_si512((void*)(out + k), _mm512_maskz_compress_epi32(m, ids));
+            k += __builtin_popcount((unsigned)m);
+        }
+        ids = _mm512_add_epi32(ids, step);
+    }
+    for (; i < n; ++i)
+        if (a[i] >= floor && a[i] - a[i] == 0.0f) out[k++] = (int32_t)i;
+    return k;
+}
+
+float finite_max_avx512(const float* a, int64_t n) {
+    const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff()), zero = _mm512_setzero_ps();
+    __m512 acc0 = neg_inf, acc1 = neg_inf;   // two chains: the max latency, not one add per cycle
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 v0 = _mm512_loadu_ps(a + i), v1 = _mm512_loadu_ps(a + i + 16);
+        acc0 = _mm512_mask_max_ps(acc0, _mm512_cmp_ps_mask(_mm512_sub_ps(v0, v0), zero, _CMP_EQ_OQ), acc0, v0);
+        acc1 = _mm512_mask_max_ps(acc1, _mm512_cmp_ps_mask(_mm512_sub_ps(v1, v1), zero, _CMP_EQ_OQ), acc1, v1);
+    }
+    float r = _mm512_reduce_max_ps(_mm512_max_ps(acc0, acc1));
+    for (; i < n; ++i)
+        if (a[i] - a[i] == 0.0f && a[i] > r) r = a[i];
+    return r;
+}
+
+int64_t shifted_args_avx512(const float* a, int64_t n, float m, float t, float* x) {
+    const __m512 mv = _mm512_set1_ps(m), tv = _mm512_set1_ps(t), zero = _mm512_setzero_ps();
+    const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+    const bool divide = t != 1.0f;
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 in = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(in, a + i);
+        const __mmask16 fin = in & _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ);
+        __m512 d = _mm512_sub_ps(v, mv);
+        if (divide) d = _mm512_div_ps(d, tv);
+        _mm512_mask_storeu_ps(x + i, in, _mm512_mask_blend_ps(fin, neg_inf, d));
+        c += __builtin_popcount((unsigned)fin);
+    }
+    return c;
+}
+
+double mass_in_avx512(const float* w, int64_t n, float lo, float hi, int step) {
+    const __m512 lv = _mm512_set1_ps(lo), hv = _mm512_set1_ps(hi);
+    __m512 acc = _mm512_setzero_ps();
+    const int64_t stride = 16 * (int64_t)step;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += stride) {
+        const __m512 v = _mm512_loadu_ps(w + i);
+        const __mmask16 in = _mm512_cmp_ps_mask(v, lv, _CMP_GE_OQ) & _mm512_cmp_ps_mask(v, hv, _CMP_LT_OQ);
+        acc = _mm512_mask_add_ps(acc, in, acc, v);
+    }
+    double r = _mm512_reduce_add_ps(acc);
+    for (; i < n; ++i) r += (w[i] >= lo && w[i] < hi) ? w[i] : 0.0f;
+    return r * step;
+}
+
+}  // namespace ds4
