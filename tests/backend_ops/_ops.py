@@ -128,3 +128,14 @@ def rope(n_rot: int, ratio: int) -> tuple:
     """The C++ RoPE parameters of a layer of this ratio with DeepSeek V4's defaults (YaRN on
     compressed layers)."""
     return core._rope_params(n_rot, 10000.0, 160000.0, 16.0, 65536, 32.0, 1.0, ratio)
+
+
+def router_args(rng: np.random.Generator, nb: int, n_expert: int, n_used: int, mode: str) -> tuple:
+    """Router op arguments: logits of nb tokens, their ids, and a bias ("bias"), a hash table of 50
+    token rows ("hash") or neither ("topk"); weight scale 1.5."""
+    n_used = min(n_used, n_expert)
+    logits = floats(rng, nb, n_expert, scale=3.0)
+    tokens = [int(t) for t in rng.integers(0, 50, nb)]
+    bias = floats(rng, n_expert) if mode == "bias" else None
+    hash_ = rng.integers(0, n_expert, (50, n_used)).astype(np.int32) if mode == "hash" else None
+    return logits, tokens, bias, hash_, n_used, 1.5

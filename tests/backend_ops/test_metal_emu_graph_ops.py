@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 import ds4
 import ds4._core as core
-from _ops import REFERENCE, assert_exact, floats, rope
+from _ops import REFERENCE, assert_exact, floats, rope, router_args
 from metal_bounds import U, attention_bound, indexer_scores_bound
 
 FEW = settings(max_examples=8, deadline=None, derandomize=True)
@@ -158,14 +158,8 @@ def test_rope_bound_catches_the_next_position(emu):
 def test_router_within_bound(emu, n_expert, n_used, nb, mode, seed):
     """Selections exact (rank counting = the CPU's insertion top-k, lower id first on ties); weights
     within 16u*|w| (sqrt(softplus) ulps through the normalisation)."""
-    rng = np.random.default_rng(seed)
-    n_used = min(n_used, n_expert)
-    logits = floats(rng, nb, n_expert, scale=3.0)
-    tokens = [int(t) for t in rng.integers(0, 50, nb)]
-    bias = floats(rng, n_expert) if mode == "bias" else None
-    hash_ = rng.integers(0, n_expert, (50, n_used)).astype(np.int32) if mode == "hash" else None
-    (sel, w), (rsel, rw) = emu.router(logits, tokens, bias, hash_, n_used, 1.5), \
-        REFERENCE.router(logits, tokens, bias, hash_, n_used, 1.5)
+    args = router_args(np.random.default_rng(seed), nb, n_expert, n_used, mode)
+    (sel, w), (rsel, rw) = emu.router(*args), REFERENCE.router(*args)
     assert_exact(sel, rsel, "router selections")
     assert (np.abs(w.astype(np.float64) - rw) <= 16 * U * np.abs(rw)).all()
 

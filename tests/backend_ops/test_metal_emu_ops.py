@@ -12,7 +12,6 @@ cannot be built and these tests skip saying so.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -256,3 +255,22 @@ def test_pipelines_capped_below_the_host_defaults(emu, cap):
         assert capped.argmax(y[0]) == REFERENCE.argmax(y[0])
     finally:
         lib.set_max_threads_per_threadgroup(before)
+
+
+def test_a_failed_dispatch_is_a_ds4_error_naming_the_kernel(emu):
+    """A dispatch the emulator refuses (here: the runtime's thread cap lowered after the pipelines
+    reported theirs, so the host's threadgroup is too large) surfaces as a ds4 error naming the
+    kernel, raised where the stream waits; the stream then works again."""
+    from ds4 import metal_emu
+
+    lib = metal_emu.load()
+    x = floats(np.random.default_rng(0), 2, 700)
+    emu.rms_norm(x, None, 1e-6)                  # pipelines created under the default cap
+    before = lib.max_threads_per_threadgroup
+    lib.set_max_threads_per_threadgroup(64)
+    try:
+        with pytest.raises(ds4.errors.Ds4Error, match="rms_norm_f32"):
+            emu.rms_norm(x, None, 1e-6)
+    finally:
+        lib.set_max_threads_per_threadgroup(before)
+    assert_exact(emu.rms_norm(x, None, 1e-6), emu.rms_norm(x, None, 1e-6), "after the failure")
