@@ -53,3 +53,19 @@ def test_concurrent_sessions_match_sequential_ones(tiny_path) -> None:
     for i, (want, got) in enumerate(zip(sequential, results)):
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), f"prompt {i}: logits differ"
         assert got[2] == want[2], f"prompt {i}: payload differs"
+
+
+def test_model_split_into_many_views_gives_the_same_bits(tiny_path, monkeypatch) -> None:
+    """A device whose buffers are at most 1 MiB (DS4_METAL_EMU_MAX_BUFFER) wraps the 7.6 MB model
+    in overlapping views, as a Mac does with a large model: every weight is then bound from
+    whichever view holds it, and the logits are those of the single-view engine."""
+    prompt = [(5 * i) % 200 + 1 for i in range(12)]
+    whole = _run(ds4.Engine(tiny_path, backend="metal-emu", prefill_chunk=8), prompt)
+    monkeypatch.setenv("DS4_METAL_EMU_MAX_BUFFER", str(1 << 20))
+    split = _run(ds4.Engine(tiny_path, backend="metal-emu", prefill_chunk=8), prompt)
+    assert np.array_equal(split[0], whole[0]) and np.array_equal(split[1], whole[1])
+    assert split[2] == whole[2]
+    # The variable is honoured: 64 KiB cannot hold the largest tensor (the 256 KiB embedding).
+    monkeypatch.setenv("DS4_METAL_EMU_MAX_BUFFER", str(1 << 16))
+    with pytest.raises(ds4.UnsupportedModelError, match="one Metal buffer"):
+        ds4.Engine(tiny_path, backend="metal-emu")

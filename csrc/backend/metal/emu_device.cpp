@@ -282,6 +282,8 @@ public:
     EmuDevice(const EmuApi& api, RunOrder order) : api_(api), order_(order) {
         for (uint32_t i = 0; i < api_.kernel_count(); ++i) kernels_.emplace(api_.kernel_name(i));
         page_ = (uint64_t)sysconf(_SC_PAGESIZE);
+        const char* e = std::getenv("DS4_METAL_EMU_MAX_BUFFER");   // read per device: tests set it
+        max_len_ = e && *e ? std::strtoull(e, nullptr, 10) : (uint64_t)1 << 32;
     }
     const char* name() const override { return "metal-emu"; }
 
@@ -303,13 +305,7 @@ public:
 
     // Apple Silicon reports about half of the unified memory; a fixed, smaller value here makes
     // the multi-view path of the model mapping run in tests (DS4_METAL_EMU_MAX_BUFFER overrides).
-    uint64_t max_buffer_length() const override {
-        static const uint64_t v = [] {
-            const char* e = std::getenv("DS4_METAL_EMU_MAX_BUFFER");
-            return e && *e ? std::strtoull(e, nullptr, 10) : (uint64_t)1 << 32;
-        }();
-        return v;
-    }
+    uint64_t max_buffer_length() const override { return max_len_; }
     uint64_t page_size() const override { return page_; }
 
     const Pipeline& pipeline(const std::string& kernel, const std::vector<FunctionConstant>& constants) override {
@@ -335,6 +331,7 @@ private:
     const EmuApi& api_;
     RunOrder order_;
     uint64_t page_ = 4096;
+    uint64_t max_len_ = 0;
     std::mutex mutex_;
     std::map<std::string, std::unique_ptr<EmuPipeline>> cache_;
     std::set<std::string> kernels_;
