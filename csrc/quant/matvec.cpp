@@ -59,24 +59,16 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     if (rows == 0) return;
     check_ptrs("matvec", w, xq, y);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
+    // Where the path has a prepared form, the activation is rearranged once for all rows
+    // (dot_kernels.h); its row kernel has DotFn's signature and gives the same results.
     const PreparedDot prep = prepared_dot(active_kernels(), t);
+    const void* xa = xq;
     if (prep.dot) {
-        // The activation rearranged once for all rows (dot_kernels.h); same results as fn.
         thread_local std::vector<uint8_t> buf;
         buf.resize((size_t)prep.bytes(n));
         prep.prepare(xq, n, buf.data());
-        const uint8_t* xp = buf.data();
-        pool_or_global(pool).parallel_for(
-            rows,
-            [&](int64_t r0, int64_t r1) {
-                const uint8_t* hi = wb + r1 * rb;
-                for (int64_t r = r0; r < r1; ++r) {
-                    prefetch_span(wb + r * rb + kPrefetchAhead, rb, hi);
-                    y[r] = prep.dot(wb + r * rb, xp, n);
-                }
-            },
-            min_rows_per_task(rb));
-        return;
+        xa = buf.data();
+        fn = prep.dot;
     }
     pool_or_global(pool).parallel_for(
         rows,
@@ -84,7 +76,7 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
             const uint8_t* hi = wb + r1 * rb;
             for (int64_t r = r0; r < r1; ++r) {
                 prefetch_span(wb + r * rb + kPrefetchAhead, rb, hi);
-                y[r] = fn(wb + r * rb, xq, n);
+                y[r] = fn(wb + r * rb, xa, n);
             }
         },
         min_rows_per_task(rb));
