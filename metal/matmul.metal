@@ -20,6 +20,7 @@ using namespace metal;
 #define DS4_T_Q2_K 10
 #define DS4_T_Q4_K 12
 #define DS4_T_IQ2_XXS 16
+#define DS4_T_BF16 30
 
 template <int WT>
 static void ds4_mm_weights8(device const uchar* row, uint k, uint n, thread float* v) {
@@ -27,6 +28,8 @@ static void ds4_mm_weights8(device const uchar* row, uint k, uint n, thread floa
         ds4_deq8_f32(row, k, n, v);
     } else if (WT == DS4_T_F16) {
         ds4_deq8_f16(row, k, n, v);
+    } else if (WT == DS4_T_BF16) {
+        ds4_deq8_bf16(row, k, n, v);
     } else if (WT == DS4_T_Q8_0) {
         ds4_deq8_q8_0(row, k, v);
     } else if (WT == DS4_T_Q2_K) {
@@ -40,7 +43,7 @@ static void ds4_mm_weights8(device const uchar* row, uint k, uint n, thread floa
 
 template <int WT>
 static void ds4_mm_act8(device const uchar* row, uint k, uint n, thread float* v) {
-    if (WT == DS4_T_F32 || WT == DS4_T_F16) {
+    if (WT == DS4_T_F32 || WT == DS4_T_F16 || WT == DS4_T_BF16) {
         ds4_deq8_f32(row, k, n, v);
     } else if (WT == DS4_T_Q8_0) {
         ds4_act8_q8_0(row, k, v);
@@ -134,6 +137,13 @@ kernel void matmul_f16(constant ds4_matvec_args& a [[buffer(0)]], device const u
     ds4_matmul_tile<DS4_T_F16>(a, w, x, y, tiles, tg, tid, sg);
 }
 
+kernel void matmul_bf16(constant ds4_matvec_args& a [[buffer(0)]], device const uchar* w [[buffer(1)]],
+                        device const uchar* x [[buffer(2)]], device float* y [[buffer(3)]],
+                        threadgroup float* tiles [[threadgroup(0)]], uint2 tg [[threadgroup_position_in_grid]],
+                        uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {
+    ds4_matmul_tile<DS4_T_BF16>(a, w, x, y, tiles, tg, tid, sg);
+}
+
 kernel void matmul_q8_0(constant ds4_matvec_args& a [[buffer(0)]], device const uchar* w [[buffer(1)]],
                         device const uchar* x [[buffer(2)]], device float* y [[buffer(3)]],
                         threadgroup float* tiles [[threadgroup(0)]], uint2 tg [[threadgroup_position_in_grid]],
@@ -162,7 +172,7 @@ kernel void matmul_iq2_xxs(constant ds4_matvec_args& a [[buffer(0)]], device con
     ds4_matmul_tile<DS4_T_IQ2_XXS>(a, w, x, y, tiles, tg, tid, sg);
 }
 
-// Weight type of dequantize_rows (a GGML type id: 0, 1, 8, 10, 12 or 16).
+// Weight type of dequantize_rows (a GGML type id: 0, 1, 8, 10, 12, 16 or 30).
 constant int FC_DEQ_TYPE [[function_constant(0)]];
 
 // out[row][k..k+7] = the row's dequantised weights, one thread per 8 values: the tile loaders'
@@ -177,6 +187,8 @@ kernel void dequantize_rows(constant ds4_matvec_args& a [[buffer(0)]], device co
         ds4_mm_weights8<DS4_T_F32>(row, k, a.n, v);
     } else if (FC_DEQ_TYPE == DS4_T_F16) {
         ds4_mm_weights8<DS4_T_F16>(row, k, a.n, v);
+    } else if (FC_DEQ_TYPE == DS4_T_BF16) {
+        ds4_mm_weights8<DS4_T_BF16>(row, k, a.n, v);
     } else if (FC_DEQ_TYPE == DS4_T_Q8_0) {
         ds4_mm_weights8<DS4_T_Q8_0>(row, k, a.n, v);
     } else if (FC_DEQ_TYPE == DS4_T_Q2_K) {
@@ -210,6 +222,8 @@ kernel void embed_rows_hc(constant ds4_embed_args& a [[buffer(0)]], device const
             ds4_mm_weights8<DS4_T_F32>(row, k, a.n_embd, v);
         } else if (FC_DEQ_TYPE == DS4_T_F16) {
             ds4_mm_weights8<DS4_T_F16>(row, k, a.n_embd, v);
+        } else if (FC_DEQ_TYPE == DS4_T_BF16) {
+            ds4_mm_weights8<DS4_T_BF16>(row, k, a.n_embd, v);
         } else if (FC_DEQ_TYPE == DS4_T_Q8_0) {
             ds4_mm_weights8<DS4_T_Q8_0>(row, k, a.n_embd, v);
         } else if (FC_DEQ_TYPE == DS4_T_Q2_K) {

@@ -2,7 +2,7 @@
 // the simdgroup striding over the row's blocks (one block per lane per step, read in place from
 // the quantised weights), each lane reusing its activation block for all MV_ROWS rows, then one
 // simd_sum per row. Activations come pre-quantised (quantize_act.metal) for the quant types and
-// as floats for F16/F32. Grid: (ceil(rows / (MV_ROWS * simdgroups)), n_tok) threadgroups.
+// as floats for F16/BF16/F32. Grid: (ceil(rows / (MV_ROWS * simdgroups)), n_tok) threadgroups.
 #include <metal_stdlib>
 using namespace metal;
 
@@ -68,6 +68,13 @@ kernel void matvec_f16(constant ds4_matvec_args& a [[buffer(0)]], device const u
                        uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
                        uint nsg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
     ds4_matvec_rows<ds4_f16, 1>(a, w, x, y, (tg.x * nsg + sg) * MV_ROWS, tg.y, lane);
+}
+
+kernel void matvec_bf16(constant ds4_matvec_args& a [[buffer(0)]], device const uchar* w [[buffer(1)]],
+                        device const uchar* x [[buffer(2)]], device float* y [[buffer(3)]],
+                        uint2 tg [[threadgroup_position_in_grid]], uint sg [[simdgroup_index_in_threadgroup]],
+                        uint nsg [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
+    ds4_matvec_rows<ds4_bf16, 1>(a, w, x, y, (tg.x * nsg + sg) * MV_ROWS, tg.y, lane);
 }
 
 kernel void matvec_f32(constant ds4_matvec_args& a [[buffer(0)]], device const uchar* w [[buffer(1)]],
@@ -141,6 +148,14 @@ kernel void matvec_experts_f16(constant ds4_matvec_experts_args& a [[buffer(0)]]
                           uint sg [[simdgroup_index_in_threadgroup]], uint nsg [[simdgroups_per_threadgroup]],
                           uint lane [[thread_index_in_simdgroup]]) {
     ds4_matvec_expert_slot<ds4_f16, 1>(a, w, x, ids, y, (tg.x * nsg + sg) * MV_ROWS, tg.y, lane);
+}
+
+kernel void matvec_experts_bf16(constant ds4_matvec_experts_args& a [[buffer(0)]], device const uchar* w [[buffer(1)]],
+                          device const uchar* x [[buffer(2)]], device const int* ids [[buffer(3)]],
+                          device float* y [[buffer(4)]], uint2 tg [[threadgroup_position_in_grid]],
+                          uint sg [[simdgroup_index_in_threadgroup]], uint nsg [[simdgroups_per_threadgroup]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+    ds4_matvec_expert_slot<ds4_bf16, 1>(a, w, x, ids, y, (tg.x * nsg + sg) * MV_ROWS, tg.y, lane);
 }
 
 kernel void matvec_experts_f32(constant ds4_matvec_experts_args& a [[buffer(0)]], device const uchar* w [[buffer(1)]],

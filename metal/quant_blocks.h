@@ -135,6 +135,16 @@ struct ds4_f16 {
     static float finish(float s) { return s; }
 };
 
+// BF16 stores the high 16 bits of a float: widening is a shift, exact like the CPU's.
+static inline float ds4_bf16_to_float(ushort b) { return as_type<float>(uint(b) << 16); }
+
+struct ds4_bf16 {
+    typedef ushort W;
+    typedef float A;
+    static float dot(device const W* w, device const A* x) { return ds4_bf16_to_float(*w) * *x; }
+    static float finish(float s) { return s; }
+};
+
 struct ds4_f32 {
     typedef float W;
     typedef float A;
@@ -196,6 +206,13 @@ static void ds4_deq8_f16(device const uchar* row, uint k, uint n, thread float* 
     device const half* w = (device const half*)row;
     for (uint j = 0; j < 8; ++j) {
         out[j] = k + j < n ? float(w[k + j]) : 0.0f;
+    }
+}
+
+static void ds4_deq8_bf16(device const uchar* row, uint k, uint n, thread float* out) {
+    device const ushort* w = (device const ushort*)row;
+    for (uint j = 0; j < 8; ++j) {
+        out[j] = k + j < n ? ds4_bf16_to_float(w[k + j]) : 0.0f;
     }
 }
 

@@ -25,7 +25,7 @@ U = 2.0**-24
 
 
 def blocks_of(qtype, n: int) -> int:
-    return n if Q(qtype) in (Q.F32, Q.F16) else n // (32 if Q(qtype) == Q.Q8_0 else 256)
+    return n if Q(qtype) in (Q.F32, Q.F16, Q.BF16) else n // (32 if Q(qtype) == Q.Q8_0 else 256)
 
 
 def mv_scale(qtype, raw, n: int, rows: int, x) -> np.ndarray:

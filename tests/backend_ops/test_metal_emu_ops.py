@@ -23,7 +23,7 @@ import ds4._core as core
 from _ops import REFERENCE, assert_exact, floats, weight
 from metal_bounds import U, check_bound, matmul_bound, matvec_bound
 
-MV_TYPES = (Q.F32, Q.F16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
+MV_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
 FEW = settings(max_examples=6, deadline=None, derandomize=True)
 
 
@@ -41,7 +41,7 @@ def emu():
 
 
 def _elems(q: Q) -> int:
-    return {Q.F32: 1, Q.F16: 1, Q.Q8_0: 32}.get(q, 256)
+    return {Q.F32: 1, Q.F16: 1, Q.BF16: 1, Q.Q8_0: 32}.get(q, 256)
 
 
 # ---- Linear: mat-vec (one token) and mat-mat (more) --------------------------------------------
@@ -54,7 +54,7 @@ def test_linear_within_kernel_bounds(emu, qtype, blocks, rows, nb, seed):
     """rows 5/13: part of a simdgroup's 4 rows and of a threadgroup's 8; 33: a second 32-row tile
     with one row; nb 33: a second 32-token tile with one token. One token runs matvec (bound
     2*B*u*S), more run matmul ((n+B+10)*u*S)."""
-    n = _elems(qtype) * blocks * (8 if qtype in (Q.F32, Q.F16) else 1)
+    n = _elems(qtype) * blocks * (8 if qtype in (Q.F32, Q.F16, Q.BF16) else 1)
     w = weight(qtype, n, rows, seed)
     x = floats(np.random.default_rng(seed), nb, n)
     got = emu.linear(w, int(qtype), n, rows, x)

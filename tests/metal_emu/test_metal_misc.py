@@ -52,7 +52,7 @@ def test_compressor_store_and_shift(emu):
     assert (kv3[:4] == skv2[4:]).all() and (kv3[4:] == skv2[4:]).all() and (sc3[:4] == ssc2[4:]).all()
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)
 def test_embed_rows_hc(emu, qtype):
     n_embd = 256 if qtype == Q.Q4_K else 64
     n_vocab = 7

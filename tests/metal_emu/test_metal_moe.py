@@ -16,12 +16,12 @@ U = 2.0**-24
 FAST = settings(max_examples=10, deadline=None)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS, Q.F16], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS, Q.F16, Q.BF16], ids=lambda q: q.name)
 @FAST
 @given(data=st.data())
 def test_matvec_experts_matches_cpu(emu, qtype, data):
     """Each slot is a mat-vec of one expert: the mat-vec bound (test_quant) per slot."""
-    elems = {Q.F16: 32, Q.Q8_0: 32}.get(qtype, 256)
+    elems = {Q.F16: 32, Q.BF16: 32, Q.Q8_0: 32}.get(qtype, 256)
     n = elems * data.draw(st.integers(1, 2))
     rows, n_expert = data.draw(st.integers(1, 9)), data.draw(st.integers(1, 5))
     k = data.draw(st.integers(1, 4))

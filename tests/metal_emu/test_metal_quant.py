@@ -17,7 +17,7 @@ from ds4.reference import quant as ref
 from metal_bounds import check_bound, matvec_bound
 from test_quant_blocks import ACT_PATTERNS, SCALE_MODES, activation, random_weights
 
-MV_TYPES = (Q.F32, Q.F16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
+MV_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
 FAST = settings(max_examples=12, deadline=None)
 
 
@@ -49,8 +49,8 @@ _check = check_bound
 @FAST
 @given(data=st.data())
 def test_matvec_matches_cpu(emu, qtype, data):
-    elems = {Q.F32: 1, Q.F16: 1, Q.Q8_0: 32}.get(qtype, 256)
-    # Q8_0 up to 40 blocks: lanes wrap around the 32-lane simdgroup; F16/F32 up to 80 elements.
+    elems = {Q.F32: 1, Q.F16: 1, Q.BF16: 1, Q.Q8_0: 32}.get(qtype, 256)
+    # Q8_0 up to 40 blocks: lanes wrap around the 32-lane simdgroup; F16/BF16/F32 up to 80 elements.
     n = elems * data.draw(st.integers(1, {1: 80, 32: 40}.get(elems, 3)))
     rows = data.draw(st.integers(1, 13))            # partial groups of MV_ROWS*2 rows
     n_tok = data.draw(st.integers(1, 2))
@@ -70,12 +70,19 @@ def test_matvec_matches_cpu(emu, qtype, data):
 # rows (test_matmul_tolerance_catches_a_misplaced_row).
 @pytest.mark.parametrize("op, qtype, byte", [
     ("matvec", Q.Q8_0, 2), ("matvec", Q.Q4_K, 16), ("matvec", Q.IQ2_XXS, 2),
-    ("matmul", Q.Q8_0, 2), ("matmul", Q.Q4_K, 16)], ids=lambda v: getattr(v, "name", str(v)))
+    ("matmul", Q.Q8_0, 2), ("matmul", Q.Q4_K, 16),
+    ("matvec", Q.F16, None), ("matvec", Q.BF16, None), ("matmul", Q.F16, None), ("matmul", Q.BF16, None)],
+    ids=lambda v: getattr(v, "name", str(v)))
 def test_tolerance_catches_one_code_step(emu, op, qtype, byte):
-    elems = 32 if qtype == Q.Q8_0 else 256
+    elems = {Q.Q8_0: 32, Q.F16: 32, Q.BF16: 32}.get(qtype, 256)
     n, rows, n_tok = 2 * elems, 5, 3
     raw = random_weights(qtype, n, rows, 7)
     x = activation(n, 8, "normal", batch=n_tok)
+    if byte is None:
+        # Plain F16/BF16 weights: the low byte of row 0's largest weight, so flipping its low
+        # bit moves that weight by one ulp (2^-11 / 2^-8 relative or more), not a negligible one.
+        row0 = ref.dequantize(int(qtype), raw, (n, rows))[0]
+        byte = 2 * int(np.argmax(np.abs(row0)))
     bad = raw.copy()
     bad[byte] ^= 1                                   # one code of row 0, block 0, one step off
     assert not np.array_equal(ref.dequantize(int(qtype), bad, (n, rows)), ref.dequantize(int(qtype), raw, (n, rows)))
@@ -83,7 +90,7 @@ def test_tolerance_catches_one_code_step(emu, op, qtype, byte):
     got = getattr(ops, op)(run, int(qtype), bad, (n, rows), ops.quantize_act(run, int(qtype), x))
     bound = _bound(qtype, raw, n, rows, None, x)
     if op == "matmul":
-        blocks = n // elems
+        blocks = n if qtype in (Q.F16, Q.BF16) else n // elems
         bound = bound / (2 * blocks) * (n + blocks + 10)
     want = _cpu(qtype, raw, n, rows, x)
     with pytest.raises(AssertionError, match="max err/bound"):
@@ -107,7 +114,7 @@ def test_iq2xxs_tables_match_the_cpu_tables():
 @FAST
 @given(data=st.data())
 def test_tile_dequantisation_is_byte_identical(emu, qtype, data):
-    elems = {Q.F32: 1, Q.F16: 1, Q.Q8_0: 32}.get(qtype, 256)
+    elems = {Q.F32: 1, Q.F16: 1, Q.BF16: 1, Q.Q8_0: 32}.get(qtype, 256)
     n = elems * data.draw(st.integers(1, {1: 70, 32: 5}.get(elems, 2)))
     rows = data.draw(st.integers(1, 5))
     raw = random_weights(qtype, n, rows, data.draw(st.integers(0, 2**32 - 1)), data.draw(st.sampled_from(SCALE_MODES)))
@@ -122,7 +129,7 @@ def test_matmul_matches_cpu(emu, qtype, data):
     """Tiles multiply dequantised floats (weights as the CPU dequantiser gives them, activations
     d*q): each product rounds once and n of them are summed in float, against the CPU's exact
     integer block sums and B float block additions, so |gpu - cpu| <= (n + B + 10)*u*S."""
-    elems = {Q.F32: 1, Q.F16: 1, Q.Q8_0: 32}.get(qtype, 256)
+    elems = {Q.F32: 1, Q.F16: 1, Q.BF16: 1, Q.Q8_0: 32}.get(qtype, 256)
     n = elems * data.draw(st.integers(1, {1: 70, 32: 5}.get(elems, 2)))   # plain types: partial k tiles
     rows = data.draw(st.integers(1, 40))                                     # one or two row tiles
     n_tok = data.draw(st.integers(1, 36))                                    # one or two token tiles
@@ -132,7 +139,7 @@ def test_matmul_matches_cpu(emu, qtype, data):
     x = activation(n, seed ^ 1, data.draw(st.sampled_from(patterns)), batch=n_tok)
     run = ops.checked(emu)
     got = ops.matmul(run, int(qtype), raw, (n, rows), ops.quantize_act(run, int(qtype), x))
-    blocks = n if qtype in (Q.F32, Q.F16) else n // elems
+    blocks = n if qtype in (Q.F32, Q.F16, Q.BF16) else n // elems
     bound = _bound(qtype, raw, n, rows, None, x) / (2 * blocks) * (n + blocks + 10)
     _check(got, _cpu(qtype, raw, n, rows, x), bound)
 

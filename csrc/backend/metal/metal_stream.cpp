@@ -12,6 +12,7 @@ namespace metal {
 const QuantKernel* quant_kernel(GgmlType t) {
     static const QuantKernel f32{"f32", 1, 4, nullptr, 1, 4};
     static const QuantKernel f16{"f16", 1, 2, nullptr, 1, 4};
+    static const QuantKernel bf16{"bf16", 1, 2, nullptr, 1, 4};
     static const QuantKernel q8_0{"q8_0", 32, 34, "quantize_q8_0_act", 32, 36};
     static const QuantKernel q2_k{"q2_k", 256, 84, "quantize_q8_k", 256, 292};
     static const QuantKernel q4_k{"q4_k", 256, 144, "quantize_q8_k", 256, 292};
@@ -19,6 +20,7 @@ const QuantKernel* quant_kernel(GgmlType t) {
     switch (t) {
         case GgmlType::F32: return &f32;
         case GgmlType::F16: return &f16;
+        case GgmlType::BF16: return &bf16;
         case GgmlType::Q8_0: return &q8_0;
         case GgmlType::Q2_K: return &q2_k;
         case GgmlType::Q4_K: return &q4_k;

@@ -44,14 +44,14 @@ Arg bytes_arg(const T& v) {
 
 // The kernel name suffix and activation format of a weight type (matvec_<suffix>, matmul_<suffix>).
 struct QuantKernel {
-    const char* suffix;       // "q8_0", "q2_k", "q4_k", "iq2_xxs", "f16", "f32"
-    int64_t block_elems;      // elements per weight block (1 for F16/F32)
+    const char* suffix;       // "q8_0", "q2_k", "q4_k", "iq2_xxs", "f16", "bf16", "f32"
+    int64_t block_elems;      // elements per weight block (1 for F16/BF16/F32)
     int64_t block_bytes;
     const char* act_kernel;   // quantize_q8_0_act / quantize_q8_k, or nullptr (float activations)
     int64_t act_block_elems;  // 32 / 256 / 1
     int64_t act_block_bytes;  // 36 / 292 / 4
 };
-// nullptr for types without Metal kernels (BF16, ...).
+// nullptr for types without Metal kernels (I32, Q8_K, ...).
 const QuantKernel* quant_kernel(GgmlType t);
 
 // ceil(a / b) for grid sizes.

@@ -35,7 +35,7 @@ bool linear_ops_supports(Op op, GgmlType t) { return quant_kernel(t) != nullptr;
 
 ActRows quantize_rows(MetalStream& s, const QuantKernel& k, const Tensor& x, int64_t n, int64_t rows,
                       const char* slot) {
-    if (!k.act_kernel) return {s.arg(x), n * 4};   // F16/F32 weights read float activations
+    if (!k.act_kernel) return {s.arg(x), n * 4};   // F16/BF16/F32 weights read float activations
     const int64_t ab = n / k.act_block_elems * k.act_block_bytes;
     const Tensor q = s.scratch(slot, DType::U8, ab, rows);
     const ds4_quant_act_args args{(uint)n, (uint)ab};

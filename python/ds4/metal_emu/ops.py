@@ -26,6 +26,7 @@ QTYPES = {
     10: ("q2_k", 256, 84, "q8_k"),
     12: ("q4_k", 256, 144, "q8_k"),
     16: ("iq2_xxs", 256, 66, "q8_k"),
+    30: ("bf16", 1, 2, "f32"),
 }
 _ACT_BLOCK = {"q8_0": (32, 36), "q8_k": (256, 292), "f32": (1, 4)}
 
@@ -56,7 +57,7 @@ def act_bytes(qtype: int, n: int) -> int:
 
 
 def quantize_act(run: Runner, qtype: int, x: np.ndarray) -> np.ndarray:
-    """The activation rows a `qtype` weight consumes, as bytes [rows, act_bytes] (F16/F32: floats)."""
+    """The activation rows a `qtype` weight consumes, as bytes [rows, act_bytes] (F16/BF16/F32: floats)."""
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
     rows, n = x.shape
     fmt = QTYPES[qtype][3]
