@@ -64,15 +64,19 @@ def test_linear_within_kernel_bounds(emu, qtype, blocks, rows, nb, seed):
 
 
 @pytest.mark.parametrize("nb", [1, 3], ids=["matvec", "matmul"])
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K, Q.BF16], ids=lambda q: q.name)
 def test_linear_bound_catches_one_code_step(emu, qtype, nb):
     """One weight code of row 0 one step off moves row 0 by about S/n: beyond both bounds, while
-    the other rows (same weights) still pass."""
-    n, rows = 2 * _elems(qtype), 5
+    the other rows (same weights) still pass. BF16: one ulp (>= 2^-8 relative) of row 0's largest
+    weight, the low bit of its low byte."""
+    n, rows = (64 if qtype == Q.BF16 else 2 * _elems(qtype)), 5
     w = weight(qtype, n, rows, 7)
     x = floats(np.random.default_rng(8), nb, n)
     bad = w.copy()
-    bad[2 if qtype == Q.Q8_0 else 16] ^= 1
+    if qtype == Q.BF16:
+        bad[2 * int(np.argmax(np.abs(core.dequantize(int(qtype), w, (n, rows))[0])))] ^= 1
+    else:
+        bad[2 if qtype == Q.Q8_0 else 16] ^= 1
     got = emu.linear(bad, int(qtype), n, rows, x)
     want = REFERENCE.linear(w, int(qtype), n, rows, x)
     bound = (matvec_bound if nb == 1 else matmul_bound)(qtype, w, n, rows, x)
@@ -206,12 +210,13 @@ def test_small_ops_are_bit_identical(emu, n, nb, seed):
 
 # ---- Weight types without kernels, thread orders --------------------------------------------------
 
-def test_bf16_weights_are_refused_cleanly(emu):
-    """No Metal kernel reads BF16: supports() says so and the op raises instead of computing."""
-    assert not emu.supports("linear", int(Q.BF16))
-    w = weight(Q.BF16, 32, 2, 1)
-    with pytest.raises(ds4.UnsupportedModelError, match="BF16"):
-        emu.linear(w, int(Q.BF16), 32, 2, floats(np.random.default_rng(0), 1, 32))
+def test_weights_without_a_kernel_are_refused_cleanly(emu):
+    """Q8_K is an activation format only: no Metal kernel reads it as weights, so supports() says
+    so and the op raises (naming the type) instead of computing."""
+    assert not emu.supports("linear", int(Q.Q8_K))
+    w = np.zeros(292, np.uint8)                      # one Q8_K block of 256
+    with pytest.raises(ds4.UnsupportedModelError, match="Q8_K"):
+        emu.linear(w, int(Q.Q8_K), 256, 1, floats(np.random.default_rng(0), 1, 256))
 
 
 @pytest.mark.parametrize("order", ["reverse", "shuffle:7"])
