@@ -40,7 +40,7 @@ def test_linear(name, h, qtype, blocks, rows, nb, seed):
 
 
 @backends
-@pytest.mark.parametrize("qtype", (Q.Q8_0, Q.F16, Q.Q4_K), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", (Q.Q8_0, Q.F16, Q.BF16, Q.Q4_K), ids=lambda q: q.name)
 @FEW
 @given(groups=st.integers(1, 4), rank=st.integers(1, 9), nb=BATCH, seed=st.integers(0, 2**16))
 def test_grouped_output_a(name, h, qtype, groups, rank, nb, seed):
@@ -52,7 +52,7 @@ def test_grouped_output_a(name, h, qtype, groups, rank, nb, seed):
 
 
 @backends
-@pytest.mark.parametrize("qtype", (Q.F16, Q.F32, Q.Q8_0), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", (Q.F16, Q.BF16, Q.F32, Q.Q8_0), ids=lambda q: q.name)
 @FEW
 @given(n_embd=st.sampled_from([32, 64, 96]), tokens=st.lists(st.integers(0, 40), min_size=1, max_size=9),
        n_hc=st.sampled_from([1, 4]), seed=st.integers(0, 2**16))
