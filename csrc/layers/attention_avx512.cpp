@@ -21,4 +21,7 @@ void attend_heads_avx512(const AttentionInputs& in, const AttentionRows& rows, f
                          int64_t stride, int64_t h0, int64_t h1) {
     attend_heads_impl(in, rows, out, weights, stride, h0, h1);
 }
+void lanes_row_dots_avx512(const float* const* qs, int64_t nq, const float* row, int64_t n, float* out) {
+    row_dots_any(qs, nq, row, n, out, 1);
+}
 }  // namespace ds4

@@ -247,6 +247,20 @@ def test_attention_x86_kernels_share_one_float_order(n_head, head_dim, raw_cap, 
         assert_exact(core.OpHarness("cpu", path, 2).attention(*args), first, f"attention on cpu-{path}")
 
 
+@pytest.mark.skipif(len(X86_SIMD_PATHS) < 2, reason="needs two x86 SIMD paths (AVX2 + AVX-512 CPU)")
+@FEW
+@given(n_head=st.integers(1, 20), n_rows=st.integers(0, 300), pos=st.integers(0, 10**6), seed=st.integers(0, 2**16))
+def test_indexer_scores_x86_kernels_share_one_float_order(n_head, n_rows, pos, seed):
+    """The indexer's row dots use the same x86 kernels (lanes order): AVX2 and AVX-512 bits agree."""
+    rng = np.random.default_rng(seed)
+    hd, n_rot = 128, 64
+    args = (floats(rng, n_head * hd), floats(rng, n_head), floats(rng, n_rows, hd), n_head, hd, n_rot, pos, rope(n_rot, 4))
+    first = core.OpHarness("cpu", X86_SIMD_PATHS[0], 2).indexer_scores(*args)
+    for path in X86_SIMD_PATHS[1:]:
+        for got, want in zip(core.OpHarness("cpu", path, 2).indexer_scores(*args), first):
+            assert_exact(got, want, f"indexer_scores on cpu-{path}")
+
+
 @backends
 @FEW
 @given(n_expert=st.sampled_from([8, 16, 256]), n_used=st.integers(1, 8), nb=BATCH, mode=st.sampled_from(["topk", "bias", "hash"]),
