@@ -3,6 +3,7 @@
     PYTHONPATH=python python bench/engine.py                       # `small` synthetic model
     PYTHONPATH=python python bench/engine.py --model tiny --prefill 128,512 --depths 0,256
     PYTHONPATH=python python bench/engine.py --baseline old.json   # ratios against an earlier run
+    PYTHONPATH=python python bench/engine.py --backend metal       # the Apple GPU (ds4.available_backends())
 
 Prints a table and writes JSON (machine, git commit, threads, median and spread of each figure).
 Decode GB/s = weight bytes one decode step reads (dense tensors + the used experts) / step time.
@@ -53,6 +54,7 @@ def main() -> int:
     ap.add_argument("--model", default="small", help="ds4.testing preset name or a GGUF path")
     ap.add_argument("--experts", default="q2", choices=["q2", "q4"])
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--backend", default="auto", help="cpu, metal, metal-emu, ... (ds4.available_backends())")
     ap.add_argument("--prefill", default="512,2048,8192", help="prompt lengths")
     ap.add_argument("--depths", default="0,2048,8192", help="context depths for decode")
     ap.add_argument("--decode-steps", type=int, default=16)
@@ -66,7 +68,7 @@ def main() -> int:
 
     path = Path(args.model) if Path(args.model).exists() else ds4.testing.cached_model(args.model, experts=args.experts)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    eng = ds4.Engine(path, threads=args.threads)
+    eng = ds4.Engine(path, backend=args.backend, threads=args.threads)
     vocab = eng.shape.n_vocab
     prefill = [int(x) for x in args.prefill.split(",") if x]
     depths = [int(x) for x in args.depths.split(",") if x]
@@ -118,12 +120,12 @@ def main() -> int:
              ("model file", f"{eng._model.file_bytes / 1e6:.1f} MB"), ("KV bytes (ctx %d)" % ctx, f"{kv_bytes / 1e6:.1f} MB"),
              ("peak RSS", f"{peak / 1e6:.1f} MB (before open {rss0 / 1e6:.1f} MB)")]
     out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
-           "git": git_commit(), "model": str(path), "threads": eng.threads, "ctx": ctx,
+           "git": git_commit(), "model": str(path), "backend": eng.backend, "threads": eng.threads, "ctx": ctx,
            "copy_bandwidth_GB_s": bw, "decode_weight_bytes": wbytes, "kv_bytes": kv_bytes, "peak_rss": peak,
            "results": results}
     base = json.loads(Path(args.baseline).read_text())["results"] if args.baseline else {}
     w = max(len(r[0]) for r in rows)
-    print(f"ds4 engine bench: {path.name}, {eng.threads} threads, git {out['git']}")
+    print(f"ds4 engine bench: {path.name}, backend {eng.backend}, {eng.threads} threads, git {out['git']}")
     for name, val in rows:
         print(f"  {name:<{w}}  {val}")
     for k, v in results.items():

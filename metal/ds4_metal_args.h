@@ -80,13 +80,16 @@ struct ds4_router_args {
 };
 
 // Expert-indexed mat-vec: slot s multiplies expert ids[s]'s matrix (expert_bytes apart) with the
-// activation row at x + s * x_slot_bytes (0: every slot shares one), into y[s * rows ...].
+// activation row at x + (s / slots_per_x) * x_slot_bytes, into y[s * rows ...]. slots_per_x = 1:
+// one activation row per slot (the down projection); n_used: the slots of a token share its row
+// (gate/up of a batch of tokens); x_slot_bytes = 0: every slot shares one row.
 struct ds4_matvec_experts_args {
     uint n, rows, row_bytes;
     uint n_slots;
     uint expert_bytes;
     uint x_slot_bytes;
     uint n_expert;
+    uint slots_per_x;
 };
 
 struct ds4_elementwise_args {

@@ -43,6 +43,14 @@ kernel void indexer_scores(constant ds4_indexer_args& a [[buffer(0)]],
     }
 }
 
+// The indexer's head weights scaled in place by a.value = 1/sqrt(head_dim * n_head), as the CPU
+// leaves them after scoring (the backend op returns them scaled). Scoring then runs with
+// w_scale = 1, and w * 1 is w exactly, so the scores are unchanged. Grid (threads): (n_head).
+kernel void indexer_weights_scale(constant ds4_elementwise_args& a [[buffer(0)]], device float* w [[buffer(1)]],
+                                  uint h [[thread_position_in_grid]]) {
+    w[h] = w[h] * a.value;
+}
+
 // mask[i] = 1 for the k best scores (greater score first, lower index on ties) among those above
 // the -1e30 sentinel (NaN never qualifies); row 0 is also marked when fewer than k qualify. Each
 // thread ranks its own row by counting the rows that beat it (O(n) per thread, no communication):

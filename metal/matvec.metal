@@ -99,7 +99,7 @@ static void ds4_matvec_expert_slot(constant ds4_matvec_experts_args& a, device c
     m.n_tok = 1;
     m.act_bytes = 0;
     m.y_stride = 0;
-    ds4_matvec_rows<Q, BLOCK>(m, w + (ulong)id * a.expert_bytes, x + (ulong)slot * a.x_slot_bytes,
+    ds4_matvec_rows<Q, BLOCK>(m, w + (ulong)id * a.expert_bytes, x + (ulong)(slot / a.slots_per_x) * a.x_slot_bytes,
                               y + (ulong)slot * a.rows, row0, 0, lane);
 }
 

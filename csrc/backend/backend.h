@@ -78,8 +78,10 @@ public:
     // A zero-filled buffer of `bytes`. Large buffers may be lazily backed (pages on first write).
     virtual std::unique_ptr<Buffer> alloc(uint64_t bytes) = 0;
     // Registers the read-only mapping of a model file (base, size) and returns a zero-copy buffer
-    // over it; weights (TensorRef) inside it are then valid op arguments.
-    virtual std::unique_ptr<Buffer> map_model(const void* base, uint64_t size) = 0;
+    // over it; weights (TensorRef) inside it are then valid op arguments. largest_tensor: the byte
+    // size of the largest tensor in it (0: the whole mapping is one tensor); a GPU backend that
+    // splits the mapping into several device buffers sizes their overlap from it.
+    virtual std::unique_ptr<Buffer> map_model(const void* base, uint64_t size, uint64_t largest_tensor = 0) = 0;
     // Whether `op` runs here with weights of `weight_type` (F32 for ops without weights).
     virtual bool supports(Op op, GgmlType weight_type) const = 0;
     virtual std::unique_ptr<Stream> new_stream() = 0;

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "backend/metal/emu_device.h"
 #include "common/errors.h"
 #include "engine/model.h"
 #include "layers/indexer.h"
@@ -114,6 +115,10 @@ void init_engine(py::module_& m) {
         for (const ds4::backend::BackendInfo& b : ds4::backend::available_backends()) out.emplace_back(b.name, b.available, b.reason);
         return out;
     });
+
+    // Internal: loads the Metal emulator library ds4.metal_emu built (the metal-emu backend).
+    m.def("set_metal_emu_library", [](const std::string& path) { ds4::backend::metal::load_emu_library(path); });
+    m.def("metal_emu_library", [] { return ds4::backend::metal::emu_library_path(); });
 
     // Internal, for tests: the indexer's top-k selection over a score vector.
     m.def("_select_top_k", [](py::array_t<float, py::array::c_style | py::array::forcecast> scores, int64_t k) {

@@ -33,6 +33,7 @@ void init_errors(py::module_& m) {
                 case ds4::ErrorKind::Cancelled: cls = cls_cancelled.ptr(); break;
                 case ds4::ErrorKind::Io: cls = cls_io.ptr(); break;
                 case ds4::ErrorKind::Busy: cls = cls_busy.ptr(); break;
+                case ds4::ErrorKind::Internal: break;   // the base class: no narrower meaning
             }
             PyErr_SetString(cls, e.what());
         } catch (const std::bad_alloc&) {

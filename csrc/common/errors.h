@@ -15,6 +15,7 @@ enum class ErrorKind {
     Cancelled,         // a cancel flag was raised between chunks -> CancelledError
     Io,                // the OS refused a read/write/mmap -> Ds4IOError
     Busy,              // a session entered by a second caller while in use -> SessionBusyError
+    Internal,          // a device failed a command (a kernel fault on a GPU or the emulator) -> Ds4Error
 };
 
 class Error : public std::runtime_error {

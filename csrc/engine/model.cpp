@@ -4,6 +4,17 @@
 
 namespace ds4 {
 
+namespace {
+
+// The overlap a GPU backend needs between the device buffers it wraps the file in.
+uint64_t largest_tensor(const std::vector<TensorDesc>& tensors) {
+    uint64_t m = 0;
+    for (const TensorDesc& d : tensors) m = d.nbytes > m ? d.nbytes : m;
+    return m;
+}
+
+}  // namespace
+
 Model::Model(const std::string& path, const Shape& shape, const std::vector<TensorDesc>& tensors,
              const ModelOptions& opts)
     : shape_(shape), prefill_chunk_(opts.prefill_chunk) {
@@ -12,7 +23,7 @@ Model::Model(const std::string& path, const Shape& shape, const std::vector<Tens
     file_ = std::make_unique<MappedFile>(path);
     table_ = std::make_unique<TensorTable>(file_->data(), file_->size(), path, tensors);
     weights_.bind(shape_, *table_, opts.layer_begin, opts.layer_end > 0 ? opts.layer_end : shape_.n_layer);
-    file_buffer_ = backend_->map_model(file_->data(), file_->size());
+    file_buffer_ = backend_->map_model(file_->data(), file_->size(), largest_tensor(tensors));
 }
 
 void Model::load_mtp(const std::string& path, const std::vector<TensorDesc>& tensors) {
@@ -23,7 +34,7 @@ void Model::load_mtp(const std::string& path, const std::vector<TensorDesc>& ten
     } else {
         mtp_file_ = std::make_unique<MappedFile>(path);
         mtp_table_ = std::make_unique<TensorTable>(mtp_file_->data(), mtp_file_->size(), path, tensors);
-        mtp_file_buffer_ = backend_->map_model(mtp_file_->data(), mtp_file_->size());
+        mtp_file_buffer_ = backend_->map_model(mtp_file_->data(), mtp_file_->size(), largest_tensor(tensors));
     }
     weights_.bind_mtp(shape_, *mtp_table_);
 }

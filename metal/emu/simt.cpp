@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -660,7 +661,15 @@ int register_kernels(const KernelInfo* kernels, size_t n) {
 
 using ds4emu::rt;
 
+// The runtime is one per process and not reentrant: callers on several threads (the C++
+// metal-emu backend's streams, Python's ctypes driver) are serialised here, whoever they are.
+static std::mutex& dispatch_mutex() {
+    static std::mutex m;
+    return m;
+}
+
 DS4EMU_EXPORT int ds4emu_dispatch_run(const ds4emu_dispatch* d, char* err, size_t err_len) {
+    std::lock_guard<std::mutex> lock(dispatch_mutex());
     ds4emu::Runtime& r = rt();
     r.error.clear();
     r.current = nullptr;

@@ -4,13 +4,17 @@ An :class:`~ds4.Engine` runs on one backend, chosen by name (``backend="cpu"``) 
 (the first available one in this list's order: GPUs before the CPU)::
 
     >>> import ds4
-    >>> [b.name for b in ds4.available_backends() if b.available]
-    ['cpu']
+    >>> [b.name for b in ds4.available_backends() if b.available][0]
+    'cpu'
     >>> next(b for b in ds4.available_backends() if b.name == "metal").available
     False
 
 Asking for one that is not available raises :class:`~ds4.errors.UnsupportedModelError` naming the
 available ones. How a backend plugs in: ``docs/architecture.md``.
+
+``"metal-emu"`` runs the Metal kernels on the CPU through the Metal emulator (``ds4.metal_emu``,
+docs/metal.md): a test backend, never picked by ``"auto"``. It is available where a clang is
+found; the first engine that asks for it compiles the kernels (cached on disk).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 from .errors import UnsupportedModelError
 
-__all__ = ["BackendInfo", "available_backends", "resolve_backend"]
+__all__ = ["BackendInfo", "available_backends", "resolve_backend", "load_metal_emu"]
 
 
 @dataclass(frozen=True)
@@ -33,12 +37,39 @@ def available_backends() -> list[BackendInfo]:
     """Every backend of the registry, in ``"auto"`` preference order, with its availability."""
     from . import _core
 
-    return [BackendInfo(str(n), bool(a), str(r)) for n, a, r in _core.available_backends()]
+    return [_with_emulator(BackendInfo(str(n), bool(a), str(r))) for n, a, r in _core.available_backends()]
+
+
+def _with_emulator(b: BackendInfo) -> BackendInfo:
+    """metal-emu is available once its library is loaded, or where a clang can build it."""
+    if b.name != "metal-emu" or b.available:
+        return b
+    from . import metal_emu
+
+    if metal_emu.available():
+        return BackendInfo(b.name, True, "")
+    return BackendInfo(b.name, False, f"metal-emu: {metal_emu.unavailable_reason()}")
+
+
+def load_metal_emu() -> None:
+    """Builds (first time; cached) and loads the Metal emulator library for the metal-emu backend.
+    UnsupportedModelError when no clang is found; BuildError (a Ds4Error) when compiling fails."""
+    from . import _core, metal_emu
+
+    if _core.metal_emu_library():
+        return
+    if not metal_emu.available():
+        raise UnsupportedModelError(f"backend 'metal-emu' is not available: {metal_emu.unavailable_reason()}")
+    _core.set_metal_emu_library(str(metal_emu.load().path))
 
 
 def resolve_backend(name: str) -> str:
     """The backend ``name`` stands for (``"auto"``: the first available), or UnsupportedModelError."""
-    backends = available_backends()
+    from . import _core
+
+    if name == "metal-emu":
+        load_metal_emu()
+    backends = [BackendInfo(str(n), bool(a), str(r)) for n, a, r in _core.available_backends()]
     usable = [b.name for b in backends if b.available]
     if name == "auto":
         if not usable:  # pragma: no cover - the CPU backend is always built

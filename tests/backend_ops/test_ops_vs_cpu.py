@@ -9,14 +9,15 @@ from gguf import GGMLQuantizationType as Q
 from hypothesis import given, settings, strategies as st
 
 import ds4._core as core
-from _ops import BACKEND_IDS, BACKENDS, NMSE_REQUANT, REFERENCE, assert_exact, assert_matches, floats, rope, weight
+from _ops import (BACKENDS, NMSE_REQUANT, REFERENCE, assert_exact, assert_matches, floats, rope, router_args,
+                  weight)
 
 WEIGHT_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
 FLOAT_TYPES = (Q.F32, Q.F16)
 EXPERT_TYPES = (Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
 BATCH = st.sampled_from([1, 2, 3, 7, 256])          # decode, small odd batches, a full MoE batch
 FEW = settings(max_examples=12, deadline=None, derandomize=True)   # same draws in every CI run
-backends = pytest.mark.parametrize("name,h", BACKENDS, ids=BACKEND_IDS)
+backends = pytest.mark.parametrize("name,h", BACKENDS)
 
 
 def _block(q: Q) -> int:
@@ -266,13 +267,7 @@ def test_indexer_scores_x86_kernels_share_one_float_order(n_head, n_rows, pos, s
 @given(n_expert=st.sampled_from([8, 16, 256]), n_used=st.integers(1, 8), nb=BATCH, mode=st.sampled_from(["topk", "bias", "hash"]),
        seed=st.integers(0, 2**16))
 def test_router(name, h, n_expert, n_used, nb, mode, seed):
-    rng = np.random.default_rng(seed)
-    n_used = min(n_used, n_expert)
-    logits = floats(rng, nb, n_expert, scale=3.0)
-    tokens = [int(t) for t in rng.integers(0, 50, nb)]
-    bias = floats(rng, n_expert) if mode == "bias" else None
-    hash_ = rng.integers(0, n_expert, (50, n_used)).astype(np.int32) if mode == "hash" else None
-    args = (logits, tokens, bias, hash_, n_used, 1.5)
+    args = router_args(np.random.default_rng(seed), nb, n_expert, n_used, mode)
     for got, want in zip(h.router(*args), REFERENCE.router(*args)):
         assert_matches("router", name, got, want)
 

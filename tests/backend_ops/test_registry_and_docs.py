@@ -17,7 +17,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 def test_registry_lists_every_backend_with_a_reason_when_unavailable():
     backends = ds4.available_backends()
     names = [b.name for b in backends]
-    assert names[-1] == "cpu" and {"metal", "cuda"} <= set(names)
+    # GPUs first, then the CPU; the emulator after the CPU so that "auto" never picks it.
+    assert names == ["metal", "cuda", "cpu", "metal-emu"]
     for b in backends:
         assert b.available or b.reason.startswith(f"{b.name}: ")
 

@@ -56,3 +56,15 @@ def test_nmse_requant_catches_a_wrong_expert_and_a_wrong_weight():
         assert_nmse(_routed([0, 3, 4, 1], [0.4, 0.3, 0.2, 0.1]), good, NMSE_REQUANT)
     with pytest.raises(AssertionError):            # the largest slot's weight 2 % off
         assert_nmse(_routed([0, 3, 5, 1], [0.408, 0.3, 0.2, 0.1]), good, NMSE_REQUANT)
+
+
+def test_metal_exact_ops_and_integer_outputs_are_held_to_bits():
+    x = _attention_output()
+    y = x.copy()
+    y.reshape(-1)[3] = np.nextafter(y.reshape(-1)[3], np.float32(np.inf))
+    with pytest.raises(AssertionError):      # bit-identical by construction on Metal: one ulp fails
+        assert_matches("hc_post", "metal-emu", y, x)
+    assert_matches("attention", "metal-emu", y, x)   # a float-order op: one ulp is noise
+    sel = np.array([[3, 1], [0, 2]], np.int32)
+    with pytest.raises(AssertionError):      # one expert swapped in a selection
+        assert_matches("router", "metal-emu", np.array([[3, 1], [2, 0]], np.int32), sel)

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from ds4.metal_emu import ops
 from ds4.reference import compressor as ref_comp, indexer as ref_idx
 from ds4.reference.numerics import NEG, dot_f32
+from metal_bounds import indexer_scores_bound
 
 U = 2.0**-24
 FAST = settings(max_examples=12, deadline=None)
@@ -23,13 +24,6 @@ def _scores_ref(q, w, rows, n_head, head_dim):
     return score, hw, dots
 
 
-def _scores_bound(q, rows, hw, dots, n_head, head_dim):
-    """Each head's dot is summed in another order (<= 2*hd*u*sum|kv*q| apart, relu keeps it), then
-    weighted and summed over heads in the same order (<= 2*n_head*u*sum|d*w| more)."""
-    absdot = np.abs(rows).astype(np.float64) @ np.abs(q.reshape(n_head, head_dim)).T.astype(np.float64)
-    return (2 * head_dim * U * absdot) @ np.abs(hw) + 2 * n_head * U * (np.abs(dots) @ np.abs(hw)) + 1e-35
-
-
 @FAST
 @given(data=st.data())
 def test_indexer_scores(emu, data):
@@ -41,7 +35,7 @@ def test_indexer_scores(emu, data):
     rows = rng.standard_normal((n_rows, head_dim)).astype(np.float32)
     got = ops.indexer_scores(ops.checked(emu), q, w, rows, n_head, head_dim, data.draw(st.sampled_from([1, 2, 4])))
     want, hw, dots = _scores_ref(q, w, rows, n_head, head_dim)
-    bound = _scores_bound(q, rows, hw, dots, n_head, head_dim)
+    bound = indexer_scores_bound(q, rows, hw, dots, n_head, head_dim)
     assert (np.abs(got - want) <= bound).all()
     # A row scored against the wrong query head (one head's q replaced) is outside the bound.
     q2 = q.copy()
@@ -49,6 +43,16 @@ def test_indexer_scores(emu, data):
     wrong, _, _ = _scores_ref(q2, w, rows, n_head, head_dim)
     moved = np.abs(wrong - want) > 4 * bound
     assert not moved.any() or (np.abs(got - wrong)[moved] > bound[moved]).all()
+
+
+@FAST
+@given(n_head=st.integers(1, 70), seed=st.integers(0, 2**32 - 1))
+def test_indexer_weights_scale_is_exact(emu, n_head, seed):
+    """w * (1/sqrt(head_dim * n_head)) in float32, bit for bit (the CPU's in-place scaling)."""
+    w = np.random.default_rng(seed).standard_normal(n_head).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(np.float32(128 * n_head))
+    got = ops.indexer_weights_scale(ops.checked(emu), w, float(scale))
+    assert np.array_equal(got.view(np.uint32), (w * scale).astype(np.float32).view(np.uint32))
 
 
 def _cpu_top_k(scores, k):

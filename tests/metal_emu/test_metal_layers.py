@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 from ds4.metal_emu import ops
 from ds4.reference import attention as ref_attn, moe as ref_moe, numerics as ref_num, rope as ref_rope
 from ds4.reference.numerics import logf
+from metal_bounds import attention_bound
 
 U = 2.0**-24
 FAST = settings(max_examples=12, deadline=None)
@@ -101,17 +102,6 @@ def _attn_ref(q, raw, n_raw, raw_first, comp, mask, sinks, n_head, head_dim):
     return ref_attn.attend(q, live, comp, allowed, sinks, n_head, head_dim), live
 
 
-def _attn_bound(q, live, comp, mask, n_head, head_dim):
-    """Scores differ by the dots' summation order, <= 2*D*u*max|q.k| (x scale); a weight
-    exp(s - max) then moves by that much relatively, plus ~n+4 roundings of the running sums and
-    rescalings: |gpu - cpu| <= (4*E + 4*(n+4)*u) * max_r |v_r| per dimension."""
-    rows = np.concatenate([live, comp[mask.astype(bool)] if mask is not None else comp]) if comp.shape[0] else live
-    qh = q.reshape(n_head, head_dim).astype(np.float64)
-    e = 2 * head_dim * U * (np.abs(qh) @ np.abs(rows.astype(np.float64)).T).max(axis=1) / np.sqrt(head_dim)
-    vmax = np.abs(rows).max(axis=0)
-    return ((4 * e + 4 * (rows.shape[0] + 4) * U)[:, None] * vmax[None, :]).reshape(-1) + 1e-30
-
-
 @FAST
 @given(data=st.data())
 def test_attention_decode(emu, data):
@@ -121,7 +111,7 @@ def test_attention_decode(emu, data):
     sgs = data.draw(st.sampled_from([1, 2, 4]))
     got = ops.attention(ops.checked(emu), q, raw, n_raw, raw_first, comp, mask, sinks, n_head, head_dim, sgs)
     want, live = _attn_ref(q, raw, n_raw, raw_first, comp, mask, sinks, n_head, head_dim)
-    assert (np.abs(got - want) <= _attn_bound(q, live, comp, mask, n_head, head_dim)).all()
+    assert (np.abs(got - want) <= attention_bound(q, live, comp, mask, n_head, head_dim)).all()
 
 
 def test_attention_bound_catches_a_dropped_row(emu):
@@ -134,7 +124,7 @@ def test_attention_bound_catches_a_dropped_row(emu):
     sinks = np.zeros(n_head, np.float32)
     got = ops.attention(ops.checked(emu), q, raw, 8, 3, comp, None, sinks, n_head, head_dim)
     want, live = _attn_ref(q, raw, 8, 3, comp, None, sinks, n_head, head_dim)
-    bound = _attn_bound(q, live, comp, None, n_head, head_dim)
+    bound = attention_bound(q, live, comp, None, n_head, head_dim)
     assert (np.abs(got - want) <= bound).all()
     dropped, _ = _attn_ref(q, raw, 7, 3, comp, None, sinks, n_head, head_dim)
     assert (np.abs(dropped - want) > bound).any()

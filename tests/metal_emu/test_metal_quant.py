@@ -1,13 +1,9 @@
 """Quantised activations and decode mat-vec on the emulator against the CPU kernels (ds4._core).
 
-Activation quantisation must be byte-identical to the CPU's. A mat-vec block value is computed
-with the CPU's integer sums and the same float operations in the same order, so it is
-bit-identical per block; only the order in which the B block values are summed differs (per lane,
-then a simd_sum tree, vs sequential). Each order's float error is at most (B-1)*u*S with
-S = sum_b |block value| <= sum_i |w_i x_i| (for Q2_K/Q4_K the d and min parts counted separately,
-since they may cancel), so |gpu - cpu| <= 2*B*u*S. For F32 the CPU accumulates in double (error
-u*|y|) and the GPU in float (B = n). One weight code off by one step changes a result by about S/n,
-orders of magnitude above this bound (test_tolerance_catches_one_code_step).
+Activation quantisation must be byte-identical to the CPU's. The mat-vec and mat-mat bounds and
+their derivations are in tests/metal_bounds.py (2*B*u*S and (n+B+10)*u*S). One weight code off by
+one step changes a result by about S/n, orders of magnitude above the mat-vec bound
+(test_tolerance_catches_one_code_step).
 """
 
 import numpy as np
@@ -18,9 +14,9 @@ from hypothesis import given, settings, strategies as st
 import ds4._core as core
 from ds4.metal_emu import ops
 from ds4.reference import quant as ref
-from test_quant_blocks import ACT_PATTERNS, SCALE_MODES, activation, random_weights, split_scales
+from metal_bounds import check_bound, matvec_bound
+from test_quant_blocks import ACT_PATTERNS, SCALE_MODES, activation, random_weights
 
-U = 2.0**-24
 MV_TYPES = (Q.F32, Q.F16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
 FAST = settings(max_examples=12, deadline=None)
 
@@ -39,27 +35,14 @@ def test_quantize_act_is_byte_identical(emu, wtype, data):
 
 
 def _bound(qtype, raw, n, rows, xq_rows, x):
-    """Per-(token, row) bound 2*B*u*S (see the module docstring)."""
-    at = ref.act_type_for(int(qtype))
-    xa = np.stack([ref.act_roundtrip(at, r) for r in np.atleast_2d(x)]).astype(np.float64)
-    if qtype in (Q.Q2_K, Q.Q4_K):
-        parts = [ref.dequantize(int(qtype), p, (n, rows)).astype(np.float64) for p in split_scales(qtype, raw)]
-        s = np.abs(xa) @ (np.abs(parts[0]) + np.abs(parts[1])).T
-    else:
-        s = np.abs(xa) @ np.abs(ref.dequantize(int(qtype), raw, (n, rows)).astype(np.float64)).T
-    blocks = n if qtype in (Q.F32, Q.F16) else n // (32 if qtype == Q.Q8_0 else 256)
-    return 2 * blocks * U * s + 2.0**-126
+    return matvec_bound(qtype, raw, n, rows, x)
 
 
 def _cpu(qtype, raw, n, rows, x):
     return np.stack([core.matvec(int(qtype), raw, (n, rows), r) for r in np.atleast_2d(x)])
 
 
-def _check(got, want, bound):
-    fin = np.isfinite(want)
-    assert np.array_equal(np.isfinite(got), fin), "non-finite results differ"
-    err = np.abs(got[fin].astype(np.float64) - want[fin])
-    assert (err <= bound[fin]).all(), f"max err/bound {np.max(err / bound[fin]):.3g}"
+_check = check_bound
 
 
 @pytest.mark.parametrize("qtype", MV_TYPES, ids=lambda q: q.name)

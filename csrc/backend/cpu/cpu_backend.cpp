@@ -288,7 +288,7 @@ public:
     explicit CpuBackend(int threads) : pool_(threads) {}
     const char* name() const override { return "cpu"; }
     std::unique_ptr<Buffer> alloc(uint64_t bytes) override { return std::make_unique<HostBuffer>(bytes); }
-    std::unique_ptr<Buffer> map_model(const void* base, uint64_t size) override {
+    std::unique_ptr<Buffer> map_model(const void* base, uint64_t size, uint64_t /*largest_tensor*/) override {
         return std::make_unique<MappedBuffer>(base, size);
     }
     bool supports(Op op, GgmlType t) const override {

@@ -35,11 +35,13 @@ class BuildError(Ds4Error):
 
 
 def metal_dir() -> Path:
-    """The folder holding the .metal sources and emu/ (``$DS4_METAL_DIR`` or the checkout's metal/)."""
+    """The folder holding the .metal sources and emu/: ``$DS4_METAL_DIR``, else the checkout's
+    metal/, else the installed package's ds4/metal/ (the wheel ships them, CMakeLists.txt)."""
     env = os.environ.get("DS4_METAL_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "metal"
+    checkout = Path(__file__).resolve().parents[3] / "metal"
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parents[1] / "metal"
 
 
 def _sha(*parts: bytes | str) -> str:

@@ -234,6 +234,13 @@ def indexer_scores(run: Runner, q: np.ndarray, w: np.ndarray, rows: np.ndarray, 
                grid=(-(-n_rows // simdgroups), 1, 1), threads=(32 * simdgroups, 1, 1))[0]
 
 
+def indexer_weights_scale(run: Runner, w: np.ndarray, scale: float) -> np.ndarray:
+    """The head weights times `scale` (float32), as the indexer op leaves them."""
+    w = np.ascontiguousarray(w, dtype=np.float32).reshape(-1).copy()
+    return run("indexer_weights_scale", buffers=[_struct(n=w.size, value=float(scale)), w], outputs=[1], poison=(),
+               grid=(w.size, 1, 1), threads=(min(64, w.size), 1, 1), grid_is_threads=True)[0]
+
+
 def top_k_mask(run: Runner, scores: np.ndarray, k: int) -> np.ndarray:
     scores = np.ascontiguousarray(scores, dtype=np.float32)
     mask = np.zeros(scores.size, np.uint8)
@@ -263,7 +270,8 @@ def matvec_experts(run: Runner, qtype: int, raw: np.ndarray, shape: tuple[int, i
     row_bytes = n // elems * bsize
     y = np.zeros((k, rows), np.float32)
     args = _struct(n=n, rows=rows, row_bytes=row_bytes, n_slots=k, expert_bytes=row_bytes * rows,
-                   x_slot_bytes=0 if xq.shape[0] == 1 else xq.shape[1], n_expert=n_expert)
+                   x_slot_bytes=0 if xq.shape[0] == 1 else xq.shape[1], n_expert=n_expert,
+                   slots_per_x=1)
     per_group = MV_ROWS * MV_SIMDGROUPS
     return run(f"matvec_experts_{suffix}", buffers=[args, np.ascontiguousarray(raw).view(np.uint8).reshape(-1), xq,
                                                     ids, y], outputs=[4],
