@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <functional>
 #include <cstring>
+#include <vector>
 
 #include "common/thread_pool.h"
+#include "layers/attention_simd.h"
 #include "layers/fp_quant.h"
 #include "layers/numerics.h"
 #include "layers/rope.h"
@@ -13,6 +15,22 @@
 #include "quant/simd.h"
 
 namespace ds4 {
+
+namespace {
+
+LanesRowDotsFn x86_row_dots() {
+#if defined(DS4_ARCH_X86)
+    switch (simd_path()) {
+        case SimdPath::AVX2: return lanes_row_dots_avx2;
+        case SimdPath::AVX512:
+        case SimdPath::AVX512VNNI: return lanes_row_dots_avx512;
+        default: break;
+    }
+#endif
+    return nullptr;
+}
+
+}  // namespace
 
 void indexer_scores(float* q, float* w, const float* rows, int64_t n_comp, int64_t nh, int64_t hd, int64_t n_rot,
                     int64_t pos, const RopeParams& rope, float* scores, ThreadPool* pool) {
@@ -22,7 +40,20 @@ void indexer_scores(float* q, float* w, const float* rows, int64_t n_comp, int64
     for (int64_t h = 0; h < nh; ++h) w[h] *= scale;
 
     const bool lanes = simd_path() != SimdPath::Scalar;
+    const LanesRowDotsFn row_dots = x86_row_dots();
     auto score_rows = [&](int64_t c0, int64_t c1) {
+        if (row_dots) {   // the lanes dots, all heads per row load (attention_simd.inc): same bits
+            std::vector<const float*> qs((size_t)nh);
+            std::vector<float> d((size_t)nh);
+            for (int64_t h = 0; h < nh; ++h) qs[(size_t)h] = q + h * hd;
+            for (int64_t c = c0; c < c1; ++c) {
+                row_dots(qs.data(), nh, rows + c * hd, hd, d.data());
+                float acc = 0.0f;
+                for (int64_t h = 0; h < nh; ++h) acc += (d[(size_t)h] < 0.0f ? 0.0f : d[(size_t)h]) * w[h];
+                scores[c] = acc;
+            }
+            return;
+        }
         auto run = [&](auto dot) {
             for (int64_t c = c0; c < c1; ++c) {
                 const float* kv = rows + c * hd;

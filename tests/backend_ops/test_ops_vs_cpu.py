@@ -9,7 +9,8 @@ from gguf import GGMLQuantizationType as Q
 from hypothesis import given, settings, strategies as st
 
 import ds4._core as core
-from _ops import BACKENDS, NMSE_REQUANT, REFERENCE, assert_matches, floats, rope, router_args, weight
+from _ops import (BACKENDS, NMSE_REQUANT, REFERENCE, assert_exact, assert_matches, floats, rope, router_args,
+                  weight)
 
 WEIGHT_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
 FLOAT_TYPES = (Q.F32, Q.F16)
@@ -226,6 +227,39 @@ def test_attention(name, h, n_head, head_dim, raw_cap, fill, first, n_comp, mask
     args = (floats(rng, n_head * head_dim), floats(rng, raw_cap, head_dim), n_raw, raw_first,
             floats(rng, n_comp, head_dim), mask, floats(rng, n_head), n_head, head_dim)
     assert_matches("attention", name, h.attention(*args), REFERENCE.attention(*args))
+
+
+X86_SIMD_PATHS = [p for p in core.simd_paths() if p in ("avx2", "avx512", "avx512vnni")]
+
+
+@pytest.mark.skipif(len(X86_SIMD_PATHS) < 2, reason="needs two x86 SIMD paths (AVX2 + AVX-512 CPU)")
+@FEW
+@given(n_head=st.integers(1, 16), head_dim=st.sampled_from([64, 72, 512, 520]), raw_cap=st.integers(1, 130),
+       n_comp=st.integers(0, 300), masked=st.booleans(), seed=st.integers(0, 2**16))
+def test_attention_x86_kernels_share_one_float_order(n_head, head_dim, raw_cap, n_comp, masked, seed):
+    """AVX2 and AVX-512 attention (attention_simd.inc) keep the portable lanes order: bits agree.
+    Odd head counts exercise the 1-3 head tail blocks, 72/520 the scalar tails of the row loops."""
+    rng = np.random.default_rng(seed)
+    mask = (rng.random(n_comp) < 0.5).astype(np.uint8) if masked else None
+    args = (floats(rng, n_head * head_dim), floats(rng, raw_cap, head_dim), raw_cap, seed % raw_cap,
+            floats(rng, n_comp, head_dim), mask, floats(rng, n_head), n_head, head_dim)
+    first = core.OpHarness("cpu", X86_SIMD_PATHS[0], 2).attention(*args)
+    for path in X86_SIMD_PATHS[1:]:
+        assert_exact(core.OpHarness("cpu", path, 2).attention(*args), first, f"attention on cpu-{path}")
+
+
+@pytest.mark.skipif(len(X86_SIMD_PATHS) < 2, reason="needs two x86 SIMD paths (AVX2 + AVX-512 CPU)")
+@FEW
+@given(n_head=st.integers(1, 20), n_rows=st.integers(0, 300), pos=st.integers(0, 10**6), seed=st.integers(0, 2**16))
+def test_indexer_scores_x86_kernels_share_one_float_order(n_head, n_rows, pos, seed):
+    """The indexer's row dots use the same x86 kernels (lanes order): AVX2 and AVX-512 bits agree."""
+    rng = np.random.default_rng(seed)
+    hd, n_rot = 128, 64
+    args = (floats(rng, n_head * hd), floats(rng, n_head), floats(rng, n_rows, hd), n_head, hd, n_rot, pos, rope(n_rot, 4))
+    first = core.OpHarness("cpu", X86_SIMD_PATHS[0], 2).indexer_scores(*args)
+    for path in X86_SIMD_PATHS[1:]:
+        for got, want in zip(core.OpHarness("cpu", path, 2).indexer_scores(*args), first):
+            assert_exact(got, want, f"indexer_scores on cpu-{path}")
 
 
 @backends

@@ -1,0 +1,27 @@
+// AVX-512 attention kernel: 16-float vectors for the value accumulation (attention_simd.inc).
+#include <immintrin.h>
+
+#include "layers/attention_simd.h"
+
+namespace {
+using AccVec = __m512;
+constexpr int kAccLanes = 16;
+inline AccVec acc_zero() { return _mm512_setzero_ps(); }
+inline AccVec acc_load(const float* p) { return _mm512_loadu_ps(p); }
+inline void acc_store(float* p, AccVec v) { _mm512_storeu_ps(p, v); }
+inline AccVec acc_set1(float x) { return _mm512_set1_ps(x); }
+inline AccVec acc_add(AccVec a, AccVec b) { return _mm512_add_ps(a, b); }
+inline AccVec acc_mul(AccVec a, AccVec b) { return _mm512_mul_ps(a, b); }
+}  // namespace
+
+#include "layers/attention_simd.inc"
+
+namespace ds4 {
+void attend_heads_avx512(const AttentionInputs& in, const AttentionRows& rows, float* out, float* weights,
+                         int64_t stride, int64_t h0, int64_t h1) {
+    attend_heads_impl(in, rows, out, weights, stride, h0, h1);
+}
+void lanes_row_dots_avx512(const float* const* qs, int64_t nq, const float* row, int64_t n, float* out) {
+    row_dots_any(qs, nq, row, n, out, 1);
+}
+}  // namespace ds4
