@@ -3,13 +3,7 @@
 // Q8_0 gathers its group scales. Every int32 block sum and every float operation is the one of the
 // plain AVX-512 table: results are bit-identical to it. (IQ2_XXS with the AVX2 block's inserted
 // grid rows instead of gathers measured slower here: matvec 7.0 vs 8.1 GB/s.)
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-// GCC 12's AVX-512 headers trip -W(maybe-)uninitialized on their own _mm512_undefined_* idiom
-// (GCC PR 105593, fixed in 13); nothing in this file reads an uninitialised value.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
+#include "quant/avx512_intrinsics.h"
 
 #include <cstring>
 

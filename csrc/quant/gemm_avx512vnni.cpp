@@ -16,13 +16,7 @@
 //   Q8_0:       term_b = (d*xd)*(float)isum; lane j = sum over groups g of term_{8g+j} (j < 8,
 //               whole groups of 8 blocks), reduced as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then
 //               the remaining blocks added one by one (x86_q8_0_n in dot_x86_common.inc).
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-// GCC 12's AVX-512 headers trip -W(maybe-)uninitialized on their own _mm512_undefined_* idiom
-// (GCC PR 105593, fixed in 13); nothing in this file reads an uninitialised value.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
+#include "quant/avx512_intrinsics.h"
 
 #include "quant/formats.h"
 #include "quant/gemm.h"
