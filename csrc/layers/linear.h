@@ -14,9 +14,11 @@ class ThreadPool;
 // Grows-only byte buffer for prepared activations (no allocation once warm).
 struct ActBuffer {
     std::vector<uint8_t> bytes;
+    // 64-byte aligned: the F16/BF16 tiles load whole cache lines of it (a misaligned start makes
+    // them copy it first, quant/matmul_half.cpp).
     uint8_t* ensure(int64_t n) {
-        if ((int64_t)bytes.size() < n) bytes.resize((size_t)n);
-        return bytes.data();
+        if ((int64_t)bytes.size() < n + 64) bytes.resize((size_t)n + 64);
+        return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(bytes.data()) + 63) & ~uintptr_t(63));
     }
 };
 

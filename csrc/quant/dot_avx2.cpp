@@ -11,8 +11,8 @@ namespace {
 #include "quant/dot_x86_common.inc"
 
 const DotKernels kAvx2{x86_dot_f32,
-                       x86_dot_half<false>,
-                       x86_dot_half<true>,
+                       half_dot<HalfVecAvx2, false>,
+                       half_dot<HalfVecAvx2, true>,
                        DS4_X86_SINGLE(x86_q8_0_n),
                        DS4_X86_SINGLE(x86_q2_k_n),
                        DS4_X86_SINGLE(x86_q4_k_n),
@@ -21,7 +21,10 @@ const DotKernels kAvx2{x86_dot_f32,
                        DS4_X86_MULTI(x86_q2_k_n),
                        DS4_X86_MULTI(x86_q4_k_n),
                        x86_multi<x86_iq2_xxs_n<Iq2BlockAvx2, 1>, x86_iq2_xxs_n<Iq2BlockAvx2, 2>,
-                                 x86_iq2_xxs_n<Iq2BlockAvx2, 3>, x86_iq2_xxs_n<Iq2BlockAvx2, 4>>};
+                                 x86_iq2_xxs_n<Iq2BlockAvx2, 3>, x86_iq2_xxs_n<Iq2BlockAvx2, 4>>,
+                       {},
+                       half_block<HalfVecAvx2, false>,
+                       half_block<HalfVecAvx2, true>};
 }  // namespace
 
 const DotKernels& avx2_kernels() { return kAvx2; }

@@ -30,6 +30,12 @@ struct PreparedDot {
     DotPrepFn dot = nullptr;
 };
 
+// F16/BF16 weights: a block of nrows rows (row_bytes apart) x ntok float activations (x_stride
+// floats apart) in register tiles; y[t * y_stride + r]. Each output is bit-identical to the DotFn
+// of the same table (dot_half_tile.inc).
+using HalfBlockFn = void (*)(const uint8_t* w, int64_t row_bytes, int64_t nrows, const float* x, int64_t x_stride,
+                             int64_t ntok, int64_t n, float* y, int64_t y_stride);
+
 struct DotKernels {
     DotFn f32;
     DotFn f16;
@@ -45,6 +51,9 @@ struct DotKernels {
     DotNFn iq2_xxs_n;
     // Optional prepared-activation form for matvec (decode).
     PreparedDot q8_0_prep = {};
+    // Optional register-tiled F16/BF16 blocks (nullptr: the row kernels run).
+    HalfBlockFn f16_block = nullptr;
+    HalfBlockFn bf16_block = nullptr;
 };
 
 const DotKernels& scalar_kernels();

@@ -17,9 +17,6 @@
 
 namespace ds4::quant {
 
-namespace {
-
-// DS4_GEMM=off keeps the row kernels for matmul (an A/B switch for benchmarks; same results).
 bool gemm_disabled() {
     static const bool off = [] {
         const char* v = std::getenv("DS4_GEMM");
@@ -27,6 +24,8 @@ bool gemm_disabled() {
     }();
     return off;
 }
+
+namespace {
 
 const GemmKernels* table_for_active_path() {
     if (gemm_disabled()) return nullptr;

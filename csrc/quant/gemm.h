@@ -63,6 +63,10 @@ struct DotPeak {
 };
 DotPeak int8_dot_peak(ThreadPool& pool, int64_t iters);
 
+// DS4_GEMM=off (or 0) in the environment: matmul keeps the row kernels for every type, the
+// quantised GEMM and the F16/BF16 tiles alike (an A/B switch for benchmarks; same results).
+bool gemm_disabled();
+
 // The group kernel of the active SIMD path for type t, or nullptr (caller keeps the row kernels);
 // with it, the panel scratch size for rows of n and the rows per group.
 GemmGroupFn active_gemm(GgmlType t, size_t* panel_bytes, int64_t n, int* rows_per_group = nullptr);

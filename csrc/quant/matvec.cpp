@@ -10,6 +10,7 @@
 #include "quant/dot_kernels.h"
 #include "quant/gemm.h"
 #include "quant/kernels.h"
+#include "quant/matmul_half.h"
 
 namespace ds4 {
 
@@ -59,6 +60,10 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     if (rows == 0) return;
     check_ptrs("matvec", w, xq, y);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
+    if (HalfBlockFn hb = active_half_block(t)) {  // F16/BF16 row tiles (matmul_half.h), same bits
+        matvec_half(hb, wb, rows, n, static_cast<const float*>(xq), y, pool_or_global(pool));
+        return;
+    }
     // Where the path has a prepared form, the activation is rearranged once for all rows
     // (dot_kernels.h); its row kernel has DotFn's signature and gives the same results.
     const PreparedDot prep = prepared_dot(active_kernels(), t);
@@ -93,6 +98,10 @@ void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     check_ptrs("matmul", w, xq, y);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
     const uint8_t* xb = static_cast<const uint8_t*>(xq);
+    if (HalfBlockFn hb = active_half_block(t)) {  // F16/BF16 register tiles (matmul_half.h), same bits
+        matmul_half(hb, wb, rows, n, reinterpret_cast<const float*>(xb), nb, y, pool_or_global(pool));
+        return;
+    }
     if (active_gemm(t, nullptr, n) && nb >= gemm_min_tokens(t)) {  // register-blocked GEMM (gemm.h), same bits
         std::vector<float*> yrows((size_t)nb);
         for (int64_t b = 0; b < nb; ++b) yrows[(size_t)b] = y + b * rows;
