@@ -17,11 +17,20 @@ namespace {
 // recent Intel) next to the activations, and big enough that the ~µs cost of taking a task is
 // noise next to streaming it.
 constexpr int64_t kBlockBytes = 128 * 1024;
-constexpr int64_t kDecodeBytes = 64 * 1024;
+constexpr int64_t kMinBlockBytes = 16 * 1024;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The tiles load whole 64-byte activation vectors; from an address that is not a multiple of 64
+}  // namespace
+
+HalfBlockFn active_half_block(GgmlType t) {
+    if (gemm_disabled()) return nullptr;
+    if (t == GgmlType::F16) return active_kernels().f16_block;
+    if (t == GgmlType::BF16) return active_kernels().bf16_block;
+    return nullptr;
+}
+
+// The tiles (and the row kernel) load whole 64-byte activation vectors; from an address that is not a multiple of 64
 // every load spans two cache lines, which halves the tile's speed (measured: 1 x 1 tile 24 vs 54
 // GFLOP/s, 2 x 3 tile 47 vs 71, n = 1024, one Zen 4 core). malloc's large blocks start 16 bytes
 // into a page, so activations are copied (same values: same bits out) to an aligned buffer of
@@ -37,39 +46,24 @@ const float* aligned_activations(const float* x, int64_t n, int64_t nb, int64_t*
     return p;
 }
 
-}  // namespace
-
-HalfBlockFn active_half_block(GgmlType t) {
-    if (gemm_disabled()) return nullptr;
-    if (t == GgmlType::F16) return active_kernels().f16_block;
-    if (t == GgmlType::BF16) return active_kernels().bf16_block;
-    return nullptr;
-}
-
-void matvec_half(HalfBlockFn fn, const uint8_t* w, int64_t rows, int64_t n, const float* x, float* y,
-                 ThreadPool& pool) {
-    const int64_t rb = 2 * n;
-    int64_t xs = n;
-    x = aligned_activations(x, n, 1, &xs);
-    const int64_t min_rows = rb >= kDecodeBytes ? 1 : kDecodeBytes / (rb > 0 ? rb : 1);
-    pool.parallel_for(
-        rows, [&](int64_t r0, int64_t r1) { fn(w + r0 * rb, rb, r1 - r0, x, xs, 1, n, y + r0, rows); }, min_rows);
-}
-
 void matmul_half(HalfBlockFn fn, const uint8_t* w, int64_t rows, int64_t n, const float* x, int64_t nb, float* y,
                  ThreadPool& pool) {
-    const int64_t rb = 2 * n;
+    const int64_t rb = 2 * n, rb1 = rb > 0 ? rb : 1;
     int64_t xs = n;
     x = aligned_activations(x, n, nb, &xs);
-    int64_t block_rows = kBlockBytes / (rb > 0 ? rb : 1);
-    block_rows = block_rows < 4 ? 4 : block_rows & ~int64_t(3);  // whole tiles of 2 or 4 rows
+    const int64_t want = 4 * (int64_t)pool.size();  // work items for an even split over threads
+    int64_t block_rows = kBlockBytes / rb1;
+    if (ceil_div(rows, block_rows) < want) {  // small matrix: smaller row blocks, down to ~16 KiB
+        const int64_t even = ceil_div(rows, want), least = ceil_div(kMinBlockBytes, rb1);
+        block_rows = even > least ? even : least;
+    }
+    block_rows = (block_rows + 1) & ~int64_t(1);  // whole tiles of 2 rows
     const int64_t row_blocks = ceil_div(rows, block_rows);
-    // Too few row blocks to keep every thread busy (the 4 x 24 / 64 x 1024 matrices of small
-    // models): split the tokens as well, in whole tiles of 3. Which task computes an output never
-    // changes its value.
-    const int64_t want = 4 * (int64_t)pool.size();
+    // Still too few (the 24-row hc_*_fn matrices): split a large batch's tokens as well, in whole
+    // tiles of 3 (a small batch keeps one pass over the weights). Which task computes an output
+    // never changes its value.
     int64_t block_toks = nb;
-    if (row_blocks < want) block_toks = 3 * ceil_div(ceil_div(nb, ceil_div(want, row_blocks)), 3);
+    if (row_blocks < want && nb >= 12) block_toks = 3 * ceil_div(ceil_div(nb, ceil_div(want, row_blocks)), 3);
     const int64_t tok_blocks = ceil_div(nb, block_toks);
     pool.parallel_for(
         row_blocks * tok_blocks,

@@ -17,10 +17,11 @@ namespace ds4::quant {
 // DS4_GEMM=off): then the caller keeps the row kernels.
 HalfBlockFn active_half_block(GgmlType t);
 
-// y[r] = dot(W row r, x) for r < rows: rows split over threads in runs of at least ~64 KiB of
-// weights, each run in tiles of several rows sharing the activation loads.
-void matvec_half(HalfBlockFn fn, const uint8_t* w, int64_t rows, int64_t n, const float* x, float* y,
-                 ThreadPool& pool);
+// x itself when it starts on a 64-byte boundary and n % 16 == 0 (*stride = n); otherwise a copy
+// in a buffer of the calling thread (valid until its next call) whose nb activations start on
+// 64-byte boundaries, *stride floats apart. The row kernels and tiles load whole 64-byte vectors:
+// from misaligned addresses every load spans two cache lines.
+const float* aligned_activations(const float* x, int64_t n, int64_t nb, int64_t* stride);
 
 // y[b * rows + r] = dot(W row r, x + b * n) for b < nb: work items of (row block, token block);
 // a row block's weights stay in L2 while its tokens pass in tiles, so each weight is read from

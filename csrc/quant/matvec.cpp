@@ -60,8 +60,8 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     if (rows == 0) return;
     check_ptrs("matvec", w, xq, y);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
-    if (HalfBlockFn hb = active_half_block(t)) {  // F16/BF16 row tiles (matmul_half.h), same bits
-        matvec_half(hb, wb, rows, n, static_cast<const float*>(xq), y, pool_or_global(pool));
+    if (HalfBlockFn hb = active_half_block(t)) {  // F16/BF16 tiles (matmul_half.h), the row kernel's bits
+        matmul_half(hb, wb, rows, n, static_cast<const float*>(xq), 1, y, pool_or_global(pool));
         return;
     }
     // Where the path has a prepared form, the activation is rearranged once for all rows
