@@ -8,7 +8,8 @@ Shapes: a dense 4096 x 4096 matvec per weight type; a Flash-like routed expert t
 experts x 2048 rows x 4096 (6 experts selected per call, a different set each call so the
 selected weights come from memory, not cache); matmul 4096 x 4096 at batch 64 and 512 next to the measured int8 dot peak (int8_peak below); routed
 experts for a prefill batch (64 / 512 tokens x 6 of 256 experts), batched (matmul_experts) vs
-token by token (matvec_experts).
+token by token (matvec_experts); F16/BF16 decode and small batches at the small model's F16
+shapes (section "half").
 Weights are random valid blocks built in memory (finite f16 scales, any codes).
 """
 
@@ -30,7 +31,7 @@ import ds4._core as core  # noqa: E402
 
 DENSE_TYPES = (Q.F16, Q.BF16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
 EXPERT_TYPES = (Q.IQ2_XXS, Q.Q2_K, Q.Q4_K)
-MATMUL_TYPES = (Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS, Q.F16)
+MATMUL_TYPES = (Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS, Q.F16, Q.BF16)
 SCALE_FIELDS = {Q.Q8_0: (0,), Q.Q2_K: (80, 82), Q.Q4_K: (0, 2), Q.IQ2_XXS: (0,)}
 
 
@@ -68,6 +69,41 @@ def bench_dense(args, paths, copy_gbs, results, rows_out):
             rows_out.append({"case": f"matvec {n}x{rows}", "type": qtype.name, "path": path, "GB/s": r.median,
                              "spread": f"{r.min:.3g}-{r.max:.3g}", "of_copy": r.median / copy_gbs,
                              "_names": {"GB/s": name}})
+
+
+HALF_SHAPES = ((1024, 1024), (512, 2048), (1024, 64), (4096, 24), (4096, 4096))  # n x rows
+
+
+def bench_half(args, paths, results, rows_out):
+    """F16/BF16 weights at the shapes of the small model's F16 tensors (compressor 1024 x 1024,
+    indexer q_b 512 x 2048, router 1024 x 64, hyper-connection 4096 x 24) and 4096 x 4096: decode
+    (batch 1) and small batches (2, 4: speculative verification), each weight byte read once per
+    call. Enough copies of a matrix are cycled (>= 64 MiB) that the weights come from memory."""
+    total = (16 if args.quick else 64) << 20
+    rng = np.random.default_rng(6)
+    for qtype in (Q.F16, Q.BF16):
+        for n, rows in HALF_SHAPES:
+            one = random_weights(qtype, n, rows, seed=7)
+            copies = [one.copy() for _ in range(max(1, min(256, total // one.size)))]
+            for nb in (1, 2, 4):
+                X = rng.standard_normal((nb, n)).astype(np.float32)
+                for path in paths:
+                    core.set_simd_path(path)
+                    if nb == 1:
+                        fn = lambda: [core.matvec(int(qtype), w, (n, rows), X[0]) for w in copies]  # noqa: E731
+                    else:
+                        fn = lambda: [core.matmul(int(qtype), w, (n, rows), X) for w in copies]  # noqa: E731
+                    secs, cpu = time_and_cpu(fn, args.repeats)
+                    streamed = one.size * len(copies)
+                    name = f"half/{qtype.name}/{n}x{rows}/b{nb}/{path}/t{args.threads}"
+                    r = measure(name, "GB/s", [streamed / s / 1e9 for s in secs], bytes=int(streamed))
+                    rc = measure(name + "/per_cpu_s", "GB/s", [streamed / c / 1e9 for c in cpu])
+                    results += [r, rc]
+                    rows_out.append({"case": f"{n}x{rows} b={nb}", "type": qtype.name, "path": path, "GB/s": r.median,
+                                     "spread": f"{r.min:.3g}-{r.max:.3g}", "GB/cpu-s": rc.median,
+                                     "us/call": 1e6 * float(np.median(secs)) / len(copies),
+                                     "_names": {"GB/s": name}})
+            del copies
 
 
 def bench_experts(args, paths, copy_gbs, results, rows_out):
@@ -185,7 +221,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--paths", default="active", help="'active', 'all' or a comma list (scalar,avx2,avx512)")
-    p.add_argument("--only", default="dense,experts,matmul,experts_prefill", help="comma list of sections to run")
+    p.add_argument("--only", default="dense,experts,half,matmul,experts_prefill", help="comma list of sections to run")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats = min(args.repeats, 3)
@@ -213,6 +249,13 @@ def main(argv=None) -> None:
                 row["of_read"] = row["GB/s"] / read.median
             print(f"\nweight streaming, {args.threads} threads (of_copy / of_read = GB/s / copy / read bandwidth)")
             _table(rows_out, ["case", "type", "path", "GB/s", "spread", "of_copy", "of_read"], results, args)
+        if "half" in sections:
+            rows_out = []
+            bench_half(args, paths, results, rows_out)
+            for row in rows_out:
+                row["of_read"] = row["GB/s"] / read.median
+            print(f"\nF16/BF16 decode and small batches, {args.threads} threads (of_read = GB/s / read bandwidth)")
+            _table(rows_out, ["case", "type", "path", "GB/s", "spread", "of_read", "GB/cpu-s", "us/call"], results, args)
         if "matmul" in sections:
             rows_out = []
             bench_matmul(args, paths, results, rows_out)
