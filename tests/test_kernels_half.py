@@ -7,7 +7,7 @@ What must hold:
     the row kernel's float operations per output (4 accumulators over steps of 4 vectors, the same
     final reduction, the tail element by element). The row kernel is what matvec of a one-row
     matrix runs (a 1 x 1 tile); the test compares matmul and matvec against it row by row;
-  * the old matmul (row kernels, DS4_GEMM=off) gives the same bits as well;
+  * the old matmul (row kernels, DS4_GEMM=rows-half) gives the same bits as well;
   * within the derived float64-reference bound of test_kernels_matvec: (n + 6) u S + u |y|, where
     S = sum |w_i x_i| (n float summands, each product exact in float32 before its one rounding).
 Shapes cross every tile edge: n not a multiple of 16 / 64 (tails), rows odd and beyond one row
@@ -100,10 +100,10 @@ print(json.dumps(out))
 
 
 def test_same_bits_as_row_kernel_matmul():
-    """DS4_GEMM=off runs matmul on the row kernels (DotFn per row and token, the code before the
-    tiles): a fresh process with it gives the same bits as the tiles here."""
+    """DS4_GEMM=rows-half runs F16/BF16 matmul on the row kernels (DotFn per row and token, the
+    code before the tiles): a fresh process with it gives the same bits as the tiles here."""
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, DS4_GEMM="off")
+    env = dict(os.environ, DS4_GEMM="rows-half")
     res = subprocess.run([sys.executable, "-c", _ROW_KERNEL_RUN, here], env=env, capture_output=True, text=True,
                          check=True, timeout=300)
     old = json.loads(res.stdout)

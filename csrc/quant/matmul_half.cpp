@@ -3,6 +3,7 @@
 #include "quant/matmul_half.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -23,8 +24,18 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+// DS4_GEMM=rows-half keeps the row kernels for F16/BF16 only (the quantised GEMM stays on): the
+// A/B switch for these tiles (DS4_GEMM=off turns both off). Same results either way.
+bool half_tiles_disabled() {
+    static const bool off = [] {
+        const char* v = std::getenv("DS4_GEMM");
+        return v && std::strcmp(v, "rows-half") == 0;
+    }();
+    return off;
+}
+
 HalfBlockFn active_half_block(GgmlType t) {
-    if (gemm_disabled()) return nullptr;
+    if (gemm_disabled() || half_tiles_disabled()) return nullptr;
     if (t == GgmlType::F16) return active_kernels().f16_block;
     if (t == GgmlType::BF16) return active_kernels().bf16_block;
     return nullptr;

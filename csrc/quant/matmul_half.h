@@ -14,7 +14,7 @@ class ThreadPool;
 namespace ds4::quant {
 
 // The active path's block kernel for t, or nullptr (not F16/BF16, no tiles on this path, or
-// DS4_GEMM=off): then the caller keeps the row kernels.
+// DS4_GEMM=off / DS4_GEMM=rows-half): then the caller keeps the row kernels.
 HalfBlockFn active_half_block(GgmlType t);
 
 // x itself when it starts on a 64-byte boundary and n % 16 == 0 (*stride = n); otherwise a copy
