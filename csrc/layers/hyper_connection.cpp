@@ -70,14 +70,19 @@ void hc_weighted_sum(float* out, const float* R, const float* w, int64_t n_embd,
 void hc_post(float* out, const float* block, const float* R, const float* split, int64_t n_embd, int n_hc) {
     const float* post = hc_split_post(split, n_hc);
     const float* comb = hc_split_comb(split, n_hc);
-    for (int dst = 0; dst < n_hc; ++dst) {
-        float* o = out + dst * n_embd;
-        const float p = post[dst];
-        for (int64_t d = 0; d < n_embd; ++d) o[d] = block[d] * p;
-        for (int src = 0; src < n_hc; ++src) {
-            const float* r = R + src * n_embd;
-            const float cw = comb[n_hc * src + dst];
-            for (int64_t d = 0; d < n_embd; ++d) o[d] += cw * r[d];
+    // Columns in chunks that stay in L1 while every destination stream reads all sources.
+    constexpr int64_t kChunk = 256;
+    for (int64_t d0 = 0; d0 < n_embd; d0 += kChunk) {
+        const int64_t m = n_embd - d0 < kChunk ? n_embd - d0 : kChunk;
+        for (int dst = 0; dst < n_hc; ++dst) {
+            float* o = out + dst * n_embd + d0;
+            const float p = post[dst];
+            for (int64_t d = 0; d < m; ++d) o[d] = block[d0 + d] * p;
+            for (int src = 0; src < n_hc; ++src) {
+                const float* r = R + src * n_embd + d0;
+                const float cw = comb[n_hc * src + dst];
+                for (int64_t d = 0; d < m; ++d) o[d] += cw * r[d];
+            }
         }
     }
 }
