@@ -53,7 +53,7 @@ inline void prefetch_span(const uint8_t* p, int64_t bytes, const uint8_t* hi) {
 // the path has them, instead of the GEMM or the DotNFn row kernels.
 // Q8_0 (avx512vnni): CPU time per call, 16384 x 4096 (71 MB, from DRAM), 2 threads, relative to
 // one matvec: see docs/kernels.md ("Q8_0 small batches").
-int64_t small_batch_max_tokens(GgmlType t) { return t == GgmlType::Q8_0 ? 17 : 0; }
+int64_t small_batch_max_tokens(GgmlType t) { return t == GgmlType::Q8_0 ? 16 : 0; }
 
 // matmul for small batches: every activation is prepared once, then each weight row is applied
 // to up to kPreparedMaxN of them at a time with its bytes loaded once. Split by rows only.
