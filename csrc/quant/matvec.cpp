@@ -52,7 +52,8 @@ inline void prefetch_span(const uint8_t* p, int64_t bytes, const uint8_t* hi) {
 // Batches below this many tokens run the small-batch prepared kernels (PreparedDot::dot_n) where
 // the path has them, instead of the GEMM or the DotNFn row kernels.
 // Q8_0 (avx512vnni): CPU time per call, 16384 x 4096 (71 MB, from DRAM), 2 threads, relative to
-// one matvec: see docs/kernels.md ("Q8_0 small batches").
+// one matvec and against the GEMM: docs/kernels.md ("Q8_0 small batches"); small ahead up to 15
+// tokens, even at 16, the GEMM ahead from 24.
 int64_t small_batch_max_tokens(GgmlType t) { return t == GgmlType::Q8_0 ? 16 : 0; }
 
 // matmul for small batches: every activation is prepared once, then each weight row is applied
