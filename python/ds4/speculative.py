@@ -139,11 +139,12 @@ class Speculator:
 
     Back-off (this port's policy; upstream gates on the MTP logit margin instead): a cycle that
     accepts nothing makes the next ``skip`` cycles plain one-token decodes, ``skip`` growing
-    ``first_skip``, then x ``growth`` up to ``max_skip`` (4, 16, 64) while drafts keep missing, and
-    the attempts after a miss are probes with ``probe`` drafts (1) instead of ``n``: a failed probe
-    costs verify(2) instead of verify(n+1) (docs/speculative.md, "Policy", for the measured
-    costs). The first hit restores ``n`` drafts on every cycle. A draft source that never agrees
-    then costs about one failed verification of two tokens every ``max_skip`` tokens.
+    ``first_skip``, then x ``growth`` up to ``max_skip`` (4, 16, 64) while drafts keep missing.
+    Until a draft is accepted (from the start, and again after every miss) a cycle is a probe
+    with ``probe`` drafts (1) instead of ``n``: a failed probe costs verify(2) instead of
+    verify(n+1). The first hit makes every cycle draft ``n``. A draft source that never agrees
+    then costs one failed two-token verification at tokens 0, 5, 22 and then every 65 tokens
+    (docs/speculative.md, "Policy", for the measured costs).
     """
 
     def __init__(self, n: int, draft: DraftFn | None = None, max_skip: int = 64, first_skip: int = 4,
@@ -153,6 +154,7 @@ class Speculator:
         self.max_skip, self.first_skip, self.growth, self.probe = int(max_skip), int(first_skip), int(growth), int(probe)
         self.drafted = self.accepted = 0
         self._skip = self._wait = 0
+        self._probing = True
 
     def cycle(self, session: "Session", first: int, params: SamplingParams | None = None,
               rng: Rng | None = None, stop: int | None = None) -> Cycle:
@@ -161,7 +163,7 @@ class Speculator:
             self._wait = max(0, self._wait - 1)
             session.eval(first)
             return Cycle((int(first),), 0, 0)
-        n = min(self.n, self.probe) if self._skip else self.n
+        n = min(self.n, self.probe) if self._probing else self.n
         if params is not None and params.temperature > 0:
             if rng is None:
                 raise InvalidArgumentError("sampled speculation needs an Rng")
@@ -173,6 +175,8 @@ class Speculator:
         if cyc.drafted and not cyc.accepted:
             self._skip = min(self.max_skip, max(self.first_skip, self.growth * self._skip))
             self._wait = self._skip
+            self._probing = True
         elif cyc.accepted:
             self._skip = 0
+            self._probing = False
         return cyc

@@ -231,8 +231,8 @@ def test_sampled_cycle_end_to_end(engine) -> None:
 
 def test_speculator_backoff_schedule(engine) -> None:
     # The back-off policy on an injected source that misses until position 40, then agrees:
-    # after each miss 4, then 16 (max_skip here) plain steps, the attempts after a miss probe with
-    # one draft, the first hit restores n drafts; the output is plain greedy's throughout.
+    # after each miss 4, then 16 (max_skip here) plain steps; until the first hit every attempt
+    # is a probe with one draft, then n drafts; the output is plain greedy's throughout.
     prompt = _prompt(21, 7)
     ref = engine.session(ctx=256)
     ref.sync(prompt)
@@ -254,8 +254,8 @@ def test_speculator_backoff_schedule(engine) -> None:
     while len(out) < 80:
         out += spec.cycle(s, s.argmax()).committed
     assert out == oracle[: len(out)]
-    assert asked[:7] == [(0, 3), (5, 1), (22, 1), (39, 1), (56, 1), (58, 3), (62, 3)]
-    assert spec.accepted == spec.drafted - 6   # all but the four misses (3 + 1 + 1 + 1 drafts)
+    assert asked[:7] == [(0, 1), (5, 1), (22, 1), (39, 1), (56, 1), (58, 3), (62, 3)]
+    assert spec.accepted == spec.drafted - 4   # all but the four missed probes
 
 
 # ---- exposure: generate() and the CLI ---------------------------------------------------------
