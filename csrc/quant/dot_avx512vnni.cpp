@@ -123,7 +123,10 @@ struct Iq2BlockVbmi {
 // scales, then nb int32 corrections -128 * sum(codes of the block), both in block order.
 // Every int32 block sum and every float operation is that of x86_q8_0_n<1> (lane j of the float
 // accumulator takes blocks 8g + j, then hsum_f32x8, then the leftover blocks in order): results
-// are bit-identical to it, for any number of activations.
+// are bit-identical to it, for any number of activations. Decode (matvec, one activation) runs
+// the same kernel: CPU time per decode step as with the earlier contiguous-layout kernel (both
+// stream the weights at the read bandwidth); from 2 activations on it is cheaper than
+// x86_q8_0_n, from 4 up to 15 than the GEMM (docs/kernels.md, "Q8_0 small batches").
 int64_t q8_0_prep_bytes(int64_t n) { return (n / 32) * (32 + 4 + 4); }
 
 void q8_0_prepare(const void* xq, int64_t n, void* prep) {
