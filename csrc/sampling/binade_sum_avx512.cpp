@@ -138,13 +138,14 @@ float total(const float* src, bool approx, int64_t n, float* wa) {
     return s;
 }
 
-// One span of the walk: true when the model took it (r stays above its binade's floor).
-bool walk_span(const float* x, const float* wa, int blocks, float& r) {
-    if (r > 0.0f && zero_blocks(x, blocks)) return true;   // r - 0 = r stays > 0
+// One span of the walk: true when the model took it (r stays above its binade's floor). src:
+// arguments (approx) or the weights themselves.
+bool walk_span(const float* src, bool approx, const float* wa, int blocks, float& r) {
+    if (approx && r > 0.0f && zero_blocks(src, blocks)) return true;   // r - 0 = r stays > 0
     if (!(r >= binade::kModelMin && r <= binade::kModelMax)) return false;
     const binade::Unit b = binade::unit_of(r);
     int32_t d;
-    if (!units_of(x, true, wa, nullptr, blocks, b.inv_u, d)) return false;
+    if (!units_of(src, approx, wa, nullptr, blocks, b.inv_u, d)) return false;
     const int32_t R = (int32_t)(r * b.inv_u) - d;
     if (R <= (1 << 23)) return false;
     r = (float)R * b.u;
@@ -161,15 +162,55 @@ int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, fl
     const int64_t chunk = kChunkBlocks * kLanes;
     int64_t i = 0;
     for (; i + chunk <= n; i += chunk) {
-        if (walk_span(x + i, wa ? wa + i : nullptr, kChunkBlocks, r)) continue;
+        if (walk_span(x + i, true, wa ? wa + i : nullptr, kChunkBlocks, r)) continue;
         for (int64_t k = i; k < i + chunk; k += kLanes) {
-            if (walk_span(x + k, wa ? wa + k : nullptr, 1, r)) continue;
+            if (walk_span(x + k, true, wa ? wa + k : nullptr, 1, r)) continue;
             const int64_t hit = binade::walk_plain(x + k, kLanes, r);
             if (hit >= 0) return k + hit;
         }
     }
     const int64_t hit = binade::walk_plain(x + i, n - i, r);
     return hit >= 0 ? i + hit : -1;
+}
+
+int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) {
+    const int64_t chunk = kChunkBlocks * kLanes;
+    int64_t i = 0;
+    for (; i + chunk <= n; i += chunk) {
+        if (walk_span(w + i, false, nullptr, kChunkBlocks, r)) continue;
+        for (int64_t k = i; k < i + chunk; k += kLanes) {
+            if (walk_span(w + k, false, nullptr, 1, r)) continue;
+            const int64_t hit = binade::seq_walk_plain(w + k, kLanes, r);
+            if (hit >= 0) return k + hit;
+        }
+    }
+    const int64_t hit = binade::seq_walk_plain(w + i, n - i, r);
+    return hit >= 0 ? i + hit : -1;
+}
+
+// The sum is non-decreasing (terms >= 0, rounding to nearest is monotone) and so is fl(s / total):
+// a block whose sum at its end stays below top_p holds no stop. A block with a negative or
+// non-finite term fails the model and runs the plain loop.
+int64_t binade_seq_until_avx512(const float* w, int64_t n, float total, float top_p, float& s) {
+    const int64_t chunk = kChunkBlocks * kLanes;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        float s2 = s;
+        if (i + chunk <= n && add_span(w + i, false, nullptr, kChunkBlocks, s2) && s2 / total < top_p) {
+            s = s2;
+            i += chunk - kLanes;
+            continue;
+        }
+        s2 = s;
+        if (add_span(w + i, false, nullptr, 1, s2) && s2 / total < top_p) {
+            s = s2;
+            continue;
+        }
+        const int64_t hit = binade::seq_until_plain(w + i, kLanes, total, top_p, s);
+        if (hit < kLanes) return i + hit;
+    }
+    const int64_t hit = binade::seq_until_plain(w + i, n - i, total, top_p, s);
+    return i + hit;
 }
 
 void approx_exp_weights_avx512(const float* x, float* w, int64_t n) {

@@ -37,27 +37,40 @@ inline uint32_t desc_key(float v) {
     return ~asc;
 }
 
-// Sorts ids (given in ascending id order) by logit descending; equal logits keep id order (LSD
-// radix is stable). Keys are taken relative to the smallest, so a list of logits spanning few
-// float values needs few 12-bit digits (two cover 2^24 distinct values).
-void sort_desc(const float* a, std::vector<int32_t>& ids, std::vector<uint64_t>& keys, std::vector<uint64_t>& tmp) {
+inline float key_value(uint32_t key) {   // the logit of a desc_key (0.0 for the -0.0/0.0 key)
+    const uint32_t asc = ~key;
+    const uint32_t u = (asc >> 31) ? (asc & 0x7FFFFFFFu) : ~asc;
+    float v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+}  // namespace
+
+// Sorts ids (given in ascending id order, with their logits vals) by logit descending; equal
+// logits keep id order (LSD radix is stable). Keys are taken relative to the smallest, so a list
+// of logits spanning few float values needs few 12-bit digits (two cover 2^24 distinct values),
+// and a list of one value (all equal) is already sorted.
+template <class IdVec, class ValVec, class KeyVec>
+static void sort_desc(const float* a, IdVec& ids, ValVec& vals, KeyVec& keys, KeyVec& tmp) {
     const size_t m = ids.size();
     if (m < 2) return;
     if (m < 96) {
         std::stable_sort(ids.begin(), ids.end(), [a](int32_t x, int32_t y) { return desc_key(a[x]) < desc_key(a[y]); });
+        for (size_t i = 0; i < m; ++i) vals[i] = a[ids[i]];
         return;
     }
-    keys.resize(m);
-    tmp.resize(m);
     uint32_t lo = UINT32_MAX, hi = 0;
     for (size_t i = 0; i < m; ++i) {
-        const uint32_t k = desc_key(a[ids[i]]);
+        const uint32_t k = desc_key(vals[i]);
         lo = std::min(lo, k);
         hi = std::max(hi, k);
-        keys[i] = ((uint64_t)k << 32) | (uint32_t)ids[i];
     }
-    for (size_t i = 0; i < m; ++i) keys[i] -= (uint64_t)lo << 32;
-    const int bits = hi == lo ? 0 : 32 - __builtin_clz(hi - lo);
+    if (lo == hi) return;
+    keys.resize(m);
+    tmp.resize(m);
+    for (size_t i = 0; i < m; ++i) keys[i] = ((uint64_t)(desc_key(vals[i]) - lo) << 32) | (uint32_t)ids[i];
+    const int bits = 32 - __builtin_clz(hi - lo);
     constexpr int kDigit = 12;
     static thread_local uint32_t count[1 << kDigit];
     for (int shift = 32; shift < 32 + bits; shift += kDigit) {
@@ -68,8 +81,13 @@ void sort_desc(const float* a, std::vector<int32_t>& ids, std::vector<uint64_t>&
         for (size_t i = 0; i < m; ++i) tmp[count[(keys[i] >> shift) & ((1 << kDigit) - 1)]++] = keys[i];
         keys.swap(tmp);
     }
-    for (size_t i = 0; i < m; ++i) ids[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
+    for (size_t i = 0; i < m; ++i) {
+        ids[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
+        vals[i] = key_value((uint32_t)(keys[i] >> 32) + lo);
+    }
 }
+
+namespace {
 
 // A logit below which no token can pass expf(fl(fl(l - max) / t)) >= min_p (a superset test; the
 // exact test runs on the survivors). RN(exp(x)) >= m implies x >= log(m) - 2^-22; the division and
@@ -133,7 +151,8 @@ DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
 // 0 when even 2^-48 does not: a guess, which the caller checks. Bisection, about 8 steps. The
 // few weights >= 2^-8 are summed exactly once (a heavy tail holds much of the mass in a few
 // tokens, which a sample would miss); below that, every fourth block of 16 estimates the rest.
-float mass_threshold(const float* w, int64_t n, double mass, std::vector<int32_t>& scratch) {
+template <class IdVec>
+float mass_threshold(const float* w, int64_t n, double mass, IdVec& scratch) {
     const float big = 0x1p-8f;
     const int step = n >= 4096 ? 4 : 1;
     if (scratch.size() < (size_t)n + 16) scratch.resize((size_t)n + 16);
@@ -193,55 +212,83 @@ int32_t argmax_logits(const float* a, int64_t n) {
 
 void Sampler::top_sorted(const float* a, int64_t n, int64_t m) {
     // The m-th largest of g >= m column maxima is a floor: the m largest maxima are m distinct
-    // finite logits at or above it, so the m best are all at or above it (ties at the floor are
-    // kept; the sort orders them by id). 2m columns leave about 1.5 m survivors on smooth logits.
-    float floor = kNegInf;
+    // finite logits at or above it, so the m best are all at or above it. 2m columns leave about
+    // 1.5 m survivors on smooth logits. Tokens above the floor are sorted; tokens equal to it come
+    // after them in id order, and only as many as the m best need (many tokens can tie with it).
     const int64_t g = (2 * m + 15) / 16 * 16;
-    if (n >= 4 * g) {
-        vals_.resize((size_t)g);
-        column_maxima(a, n, g, vals_.data());
-        std::nth_element(vals_.begin(), vals_.begin() + (m - 1), vals_.end(), std::greater<float>());
-        floor = vals_[m - 1];
+    if (n < 4 * g) {
+        collect_logits_at_least(a, n, kNegInf);
+        sort_candidates(a);
+        if ((int64_t)ids_.size() > m) { ids_.resize((size_t)m); vals_.resize((size_t)m); }
+        return;
     }
-    collect_logits_at_least(a, n, floor);
-    sort_desc(a, ids_, keys_, tmp_keys_);
-    if ((int64_t)ids_.size() > m) ids_.resize((size_t)m);
+    maxima_.resize((size_t)g);
+    column_maxima(a, n, g, maxima_.data());
+    std::nth_element(maxima_.begin(), maxima_.begin() + (m - 1), maxima_.end(), std::greater<float>());
+    const float floor = maxima_[m - 1];
+    collect_logits_at_least(a, n, std::nextafter(floor, std::numeric_limits<float>::infinity()));
+    sort_candidates(a);
+    const int64_t above = (int64_t)ids_.size();
+    if (above >= m) {
+        ids_.resize((size_t)m);
+        vals_.resize((size_t)m);
+        return;
+    }
+    ids_.resize((size_t)(m + 16));
+    const int64_t eq = collect_equal(a, n, floor, m - above, ids_.data() + above);
+    ids_.resize((size_t)(above + eq));
+    vals_.resize((size_t)(above + eq));
+    std::fill(vals_.begin() + above, vals_.end(), floor);
 }
 
 void Sampler::collect_logits_at_least(const float* a, int64_t n, float floor) {
-    if (tmp_ids_.size() < (size_t)n + 16) tmp_ids_.resize((size_t)n + 16);   // grown once, never cleared
-    const int64_t k = collect_finite_at_least(a, n, floor, tmp_ids_.data());
-    ids_.assign(tmp_ids_.begin(), tmp_ids_.begin() + k);
+    ids_.resize((size_t)n + 16);
+    vals_.resize((size_t)n + 16);
+    const int64_t k = collect_finite_at_least(a, n, floor, ids_.data(), vals_.data());
+    ids_.resize((size_t)k);
+    vals_.resize((size_t)k);
 }
 
-void Sampler::weights_of_ids() {
-    const size_t m = ids_.size();
-    vals_.resize(m);
-    w_.resize(m);
-    for (size_t j = 0; j < m; ++j) vals_[j] = x_[ids_[j]];
-    exp_weights(vals_.data(), w_.data(), (int64_t)m);
+void Sampler::sort_candidates(const float* a) { sort_desc(a, ids_, vals_, keys_, tmp_keys_); }
+
+void Sampler::weights_of_sorted(float m, float t) {
+    // Sorted logits come in runs of equal values (ties): a block of 16 equal to the last argument
+    // evaluated copies its weight instead of evaluating exp again.
+    const int64_t k = (int64_t)vals_.size();
+    x_.resize((size_t)k);
+    w_.resize((size_t)k);
+    shifted_args(vals_.data(), k, m, t, x_.data());
+    float last_x = 1.0f, last_w = 0.0f;   // 1 is never an argument (arguments are <= 0)
+    for (int64_t i = 0; i < k; i += 16) {
+        const int64_t len = std::min<int64_t>(16, k - i);
+        bool same = true;
+        for (int64_t j = 0; j < len; ++j) same &= x_[i + j] == last_x;
+        if (same) {
+            std::fill(w_.begin() + i, w_.begin() + i + len, last_w);
+            continue;
+        }
+        exp_weights(x_.data() + i, w_.data() + i, len);
+        last_x = x_[i + len - 1];
+        last_w = w_[i + len - 1];
+    }
 }
 
 bool Sampler::filter_sorted(float total, float top_p, float min_p, bool list_is_everything) {
+    // Upstream's loop: stop before token i > 0 when fl(w_i / total) < min_prob, else add w_i and
+    // stop after it once fl(sum / total) >= top_p. The min-p stop is found by a scan, the top-p
+    // stop by the sequential sum a binade at a time (binade_sum.h) up to it.
     const int64_t m = (int64_t)ids_.size();
     const float min_prob = (w_[0] / total) * min_p;
+    const int64_t cut = min_prob > 0.0f ? first_ratio_below(w_.data(), m, total, min_prob) : m;
     float fsum = 0.0f;
-    for (int64_t i = 0; i < m; ++i) {
-        if (i > 0 && w_[i] / total < min_prob) {
-            c_.count = i;
-            c_.sum = fsum;
-            return true;
-        }
-        fsum += w_[i];
-        if (fsum / total >= top_p) {
-            c_.count = i + 1;
-            c_.sum = fsum;
-            return true;
-        }
-    }
-    c_.count = m;
+    const int64_t stop = binade_seq_until(w_.data(), cut, total, top_p, fsum);
     c_.sum = fsum;
-    return list_is_everything;
+    if (stop < cut) {
+        c_.count = stop + 1;
+        return true;
+    }
+    c_.count = cut;
+    return cut < m || list_is_everything;
 }
 
 void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float min_p) {
@@ -254,23 +301,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     c_.no_draw = c_.after_walk = (int32_t)best;
 
     if (top_p >= 1.0f && min_p > 0.0f) {
-        // Only tokens with weight >= min_p are kept, in id order: a logit floor finds a superset.
-        const float floor = logit_floor(m, t, min_p);
-        collect_logits_at_least(a, n, floor);
-        x_.resize(ids_.size());
-        w_.resize(ids_.size());
-        for (size_t j = 0; j < ids_.size(); ++j) x_[j] = (a[ids_[j]] - m) / t;
-        exp_weights(x_.data(), w_.data(), (int64_t)x_.size());
-        size_t k = 0;
-        for (size_t j = 0; j < ids_.size(); ++j) {
-            if (!(w_[j] < min_p)) {
-                ids_[k] = ids_[j];
-                w_[k++] = w_[j];
-            }
-        }
-        const float total = binade_seq_sum(w_.data(), (int64_t)k);
-        if (!(total > 0.0f && std::isfinite(total))) return;
-        c_ = Candidates{true, c_.no_draw, c_.after_walk, ids_.data(), w_.data(), (int64_t)k, total};
+        select_min_p(a, n, m, t, min_p);
         return;
     }
 
@@ -295,8 +326,8 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // p/total >= fl(1/total)*min_p needs p >= min_p up to a few ulps: a 0.1% margin is a superset.
         const float c = std::min(min_p, 1.0f) * 0.999f;
         collect_logits_at_least(a, n, logit_floor(m, t, c));
-        sort_desc(a, ids_, keys_, tmp_keys_);
-        weights_of_ids();
+        sort_candidates(a);
+        weights_of_sorted(m, t);
         done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
         if (!done) {
             // The next token weighs < c; it fails min-p if even the largest float below c does.
@@ -312,23 +343,53 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_);
         for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
             collect_logits_at_least(a, n, logit_floor(m, t, c));
-            sort_desc(a, ids_, keys_, tmp_keys_);
-            weights_of_ids();
+            sort_candidates(a);
+            weights_of_sorted(m, t);
             done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
         }
     }
     for (int64_t pool = 256; !done; pool *= 8) {
         if (pool >= n_finite) {
             top_sorted(a, n, n_finite);
-            weights_of_ids();
+            weights_of_sorted(m, t);
             filter_sorted(total, top_p, min_p, true);
             break;
         }
         top_sorted(a, n, pool);
-        weights_of_ids();
+        weights_of_sorted(m, t);
         done = filter_sorted(total, top_p, min_p, false);
     }
     c_ = Candidates{true, c_.no_draw, ids_[c_.count - 1], ids_.data(), w_.data(), c_.count, c_.sum};
+}
+
+void Sampler::select_min_p(const float* a, int64_t n, float m, float t, float min_p) {
+    // Only tokens with weight >= min_p are kept, in id order: a logit floor finds a superset.
+    // Arguments at or above log(min_p) + 2^-20 certainly have weights >= min_p (exp_weights errs
+    // by far less than 2^-20 relative); only the few between the floor and that bound evaluate
+    // their weight. The kept arguments then go through the binade sum and walk like the whole
+    // vocabulary (their weights are mostly never evaluated exactly).
+    collect_logits_at_least(a, n, logit_floor(m, t, min_p));
+    const int64_t k0 = (int64_t)ids_.size();
+    x_.resize((size_t)k0);
+    shifted_args(vals_.data(), k0, m, t, x_.data());
+    float sure = std::nextafter((float)(std::log((double)min_p) + std::ldexp(1.0, -20)), 1.0f);
+    if (min_p <= 1.0f) sure = std::min(sure, 0.0f);   // exp(0) = 1 >= min_p
+    int64_t k = 0;
+    for (int64_t j = 0; j < k0; ++j) {
+        bool keep = x_[j] >= sure;
+        if (!keep) {
+            float w;
+            exp_weights(&x_[j], &w, 1);
+            keep = !(w < min_p);
+        }
+        ids_[k] = ids_[j];
+        x_[k] = x_[j];
+        k += keep;
+    }
+    wall_.resize((size_t)k);
+    const float total = binade_weight_total(x_.data(), k, wall_.data());
+    if (!(total > 0.0f && std::isfinite(total))) return;
+    c_ = Candidates{true, c_.no_draw, c_.after_walk, ids_.data(), nullptr, k, total, x_.data(), wall_.data()};
 }
 
 void Sampler::select_top_k(const float* a, int64_t n, float t, int64_t k, float top_p, float min_p) {
@@ -338,11 +399,7 @@ void Sampler::select_top_k(const float* a, int64_t n, float t, int64_t k, float 
         return;
     }
     const int64_t m = (int64_t)ids_.size();
-    const float v0 = a[ids_[0]];
-    x_.resize((size_t)m);
-    w_.resize((size_t)m);
-    for (int64_t i = 0; i < m; ++i) x_[i] = (a[ids_[i]] - v0) / t;
-    exp_weights(x_.data(), w_.data(), m);
+    weights_of_sorted(vals_[0], t);
     c_.no_draw = ids_[0];
     const float total = binade_seq_sum(w_.data(), m);
     if (!(total > 0.0f && std::isfinite(total))) return;
@@ -375,11 +432,8 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
         const int64_t i = binade_weight_walk(c.x, c.wa, c.count, r);
         return i >= 0 ? c.id(i) : c.after_walk;
     }
-    for (int64_t i = 0; i < c.count; ++i) {
-        r -= c.w[i];
-        if (r <= 0.0f) return c.id(i);
-    }
-    return c.after_walk;
+    const int64_t i = binade_seq_walk(c.w, c.count, r);
+    return i >= 0 ? c.id(i) : c.after_walk;
 }
 
 void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, float* probs) {

@@ -4,14 +4,37 @@
 
 namespace ds4 {
 
-int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t* out) {
+int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t* out, float* vals) {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return collect_finite_at_least_avx512(a, n, floor, out);
+    if (sampling_avx512()) return collect_finite_at_least_avx512(a, n, floor, out, vals);
 #endif
     int64_t k = 0;
-    for (int64_t i = 0; i < n; ++i)
-        if (a[i] >= floor && a[i] - a[i] == 0.0f) out[k++] = (int32_t)i;
+    for (int64_t i = 0; i < n; ++i) {
+        if (a[i] >= floor && a[i] - a[i] == 0.0f) {
+            if (vals) vals[k] = a[i];
+            out[k++] = (int32_t)i;
+        }
+    }
     return k;
+}
+
+int64_t collect_equal(const float* a, int64_t n, float v, int64_t limit, int32_t* out) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return collect_equal_avx512(a, n, v, limit, out);
+#endif
+    int64_t k = 0;
+    for (int64_t i = 0; i < n && k < limit; ++i)
+        if (a[i] == v) out[k++] = (int32_t)i;
+    return k;
+}
+
+int64_t first_ratio_below(const float* w, int64_t n, float total, float bound) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return first_ratio_below_avx512(w, n, total, bound);
+#endif
+    for (int64_t i = 1; i < n; ++i)
+        if (w[i] / total < bound) return i;
+    return n;
 }
 
 float finite_max(const float* a, int64_t n) {
