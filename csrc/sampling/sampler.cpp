@@ -37,6 +37,25 @@ inline uint32_t desc_key(float v) {
     return ~asc;
 }
 
+// The smallest and largest desc_key of v[0..m) (a vectorisable integer reduction).
+DS4_SAMPLING_HOT void key_range(const float* v, int64_t m, uint32_t& lo_out, uint32_t& hi_out) {
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (int64_t i = 0; i < m; ++i) {
+        const uint32_t k = desc_key(v[i]);
+        lo = k < lo ? k : lo;
+        hi = k > hi ? k : hi;
+    }
+    lo_out = lo;
+    hi_out = hi;
+}
+
+// Whether x[0..m) all equal v.
+DS4_SAMPLING_HOT bool all_equal(const float* x, int64_t m, float v) {
+    int differ = 0;
+    for (int64_t i = 0; i < m; ++i) differ |= x[i] != v;
+    return !differ;
+}
+
 inline float key_value(uint32_t key) {   // the logit of a desc_key (0.0 for the -0.0/0.0 key)
     const uint32_t asc = ~key;
     const uint32_t u = (asc >> 31) ? (asc & 0x7FFFFFFFu) : ~asc;
@@ -60,12 +79,8 @@ static void sort_desc(const float* a, IdVec& ids, ValVec& vals, KeyVec& keys, Ke
         for (size_t i = 0; i < m; ++i) vals[i] = a[ids[i]];
         return;
     }
-    uint32_t lo = UINT32_MAX, hi = 0;
-    for (size_t i = 0; i < m; ++i) {
-        const uint32_t k = desc_key(vals[i]);
-        lo = std::min(lo, k);
-        hi = std::max(hi, k);
-    }
+    uint32_t lo, hi;
+    key_range(vals.data(), (int64_t)m, lo, hi);
     if (lo == hi) return;
     keys.resize(m);
     tmp.resize(m);
@@ -149,17 +164,19 @@ DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
 
 // A weight c = 2^(-k/4) whose (estimated) entries >= c hold `mass`, as large as the grid allows;
 // 0 when even 2^-48 does not: a guess, which the caller checks. Bisection, about 8 steps. The
-// few weights >= 2^-8 are summed exactly once (a heavy tail holds much of the mass in a few
-// tokens, which a sample would miss); below that, every fourth block of 16 estimates the rest.
-template <class IdVec>
-float mass_threshold(const float* w, int64_t n, double mass, IdVec& scratch) {
+// weights >= 2^-8 are gathered once and summed exactly when they are few (a heavy tail holds much
+// of the mass in a few tokens, which a sample would miss), else sampled; below 2^-8, every fourth
+// block of 16 estimates the rest.
+template <class IdVec, class ValVec>
+float mass_threshold(const float* w, int64_t n, double mass, IdVec& ids, ValVec& big_w) {
     const float big = 0x1p-8f;
     const int step = n >= 4096 ? 4 : 1;
-    if (scratch.size() < (size_t)n + 16) scratch.resize((size_t)n + 16);
-    const int64_t n_big = collect_finite_at_least(w, n, big, scratch.data());
+    if (ids.size() < (size_t)n + 16) ids.resize((size_t)n + 16);
+    if (big_w.size() < (size_t)n + 16) big_w.resize((size_t)n + 16);
+    const int64_t n_big = collect_finite_at_least(w, n, big, ids.data(), big_w.data());
+    const int big_step = n_big >= 4096 ? 4 : 1;
     auto mass_at = [&](float c) {
-        double r = 0.0;
-        for (int64_t j = 0; j < n_big; ++j) r += w[scratch[j]] >= c ? w[scratch[j]] : 0.0f;
+        const double r = mass_in(big_w.data(), n_big, c, std::numeric_limits<float>::infinity(), big_step);
         return c >= big ? r : r + mass_in(w, n, c, big, step);
     };
     auto c_of = [](int k) { return (float)std::exp2(-0.25 * k); };
@@ -171,6 +188,18 @@ float mass_threshold(const float* w, int64_t n, double mass, IdVec& scratch) {
         (mass_at(c_of(mid)) >= mass ? hi : lo) = mid;
     }
     return c_of(hi);
+}
+
+// The first i with x[i] < bound (n when none).
+DS4_SAMPLING_HOT int64_t first_below(const float* x, int64_t n, float bound) {
+    for (int64_t b = 0; b < n; b += kBlock) {
+        const int64_t m = std::min(kBlock, n - b);
+        int any = 0;
+        for (int64_t j = 0; j < m; ++j) any |= x[b + j] < bound;
+        if (!any) continue;
+        for (int64_t j = 0; j < m; ++j) if (x[b + j] < bound) return b + j;
+    }
+    return n;
 }
 
 // out[j] = the largest finite a[i] with i = j (mod g) (-inf when none): g disjoint columns.
@@ -261,9 +290,7 @@ void Sampler::weights_of_sorted(float m, float t) {
     float last_x = 1.0f, last_w = 0.0f;   // 1 is never an argument (arguments are <= 0)
     for (int64_t i = 0; i < k; i += 16) {
         const int64_t len = std::min<int64_t>(16, k - i);
-        bool same = true;
-        for (int64_t j = 0; j < len; ++j) same &= x_[i + j] == last_x;
-        if (same) {
+        if (all_equal(x_.data() + i, len, last_x)) {
             std::fill(w_.begin() + i, w_.begin() + i + len, last_w);
             continue;
         }
@@ -340,7 +367,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // (approximate) weights hold a little more than that are a sorted prefix that very likely
         // contains the stop; filter_sorted checks that it does, else the pools below decide.
         // A second, 4x lower guess covers an unlucky estimate before the pools take over.
-        float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_);
+        float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_, w_);
         for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
             collect_logits_at_least(a, n, logit_floor(m, t, c));
             sort_candidates(a);
@@ -374,17 +401,23 @@ void Sampler::select_min_p(const float* a, int64_t n, float m, float t, float mi
     shifted_args(vals_.data(), k0, m, t, x_.data());
     float sure = std::nextafter((float)(std::log((double)min_p) + std::ldexp(1.0, -20)), 1.0f);
     if (min_p <= 1.0f) sure = std::min(sure, 0.0f);   // exp(0) = 1 >= min_p
-    int64_t k = 0;
-    for (int64_t j = 0; j < k0; ++j) {
-        bool keep = x_[j] >= sure;
-        if (!keep) {
-            float w;
-            exp_weights(&x_[j], &w, 1);
-            keep = !(w < min_p);
+    int64_t k = 0, j = 0;
+    while (j < k0) {
+        const int64_t run = first_below(x_.data() + j, k0 - j, sure);   // certainly kept
+        if (k != j) {
+            std::memmove(ids_.data() + k, ids_.data() + j, sizeof(int32_t) * run);
+            std::memmove(x_.data() + k, x_.data() + j, sizeof(float) * run);
         }
-        ids_[k] = ids_[j];
-        x_[k] = x_[j];
-        k += keep;
+        k += run;
+        j += run;
+        if (j == k0) break;
+        float w;
+        exp_weights(&x_[j], &w, 1);
+        if (!(w < min_p)) {
+            ids_[k] = ids_[j];
+            x_[k++] = x_[j];
+        }
+        ++j;
     }
     wall_.resize((size_t)k);
     const float total = binade_weight_total(x_.data(), k, wall_.data());
