@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/thread_pool.h"
 #include "sampling/binade_sum.h"
 #include "sampling/exp_weights.h"
 #include "sampling/rng.h"
@@ -471,19 +472,38 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
 
 void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, float* probs) {
     const Candidates& c = select(a, n, p);
-    std::fill(probs, probs + n, 0.0f);
+    if (!c.draw || c.ids) std::fill(probs, probs + n, 0.0f);   // else every entry is written below
     if (!c.draw) {
         probs[c.no_draw] = 1.0f;
         return;
     }
-    const float* w = c.w;
-    if (!w) {   // the whole vocabulary, weights not evaluated yet
-        wall_.resize((size_t)c.count);
-        exp_weights(c.x, wall_.data(), c.count);
-        w = wall_.data();
-    }
     const double inv = 1.0 / (double)c.sum;
-    for (int64_t i = 0; i < c.count; ++i) probs[c.id(i)] = (float)((double)w[i] * inv);
+    auto scale = [&](const float* w, int64_t i0, int64_t i1) {
+        if (c.ids) {
+            for (int64_t i = i0; i < i1; ++i) probs[c.ids[i]] = (float)((double)w[i] * inv);
+        } else {
+            for (int64_t i = i0; i < i1; ++i) probs[i] = (float)((double)w[i] * inv);
+        }
+    };
+    if (c.w) return scale(c.w, 0, c.count);
+    // The whole vocabulary (or the min-p survivors), weights not evaluated yet: in pieces (on the
+    // pool when allowed), each evaluated and scaled while in cache.
+    wall_.resize((size_t)c.count);
+    float* w = wall_.data();
+    auto piece = [&](int64_t i0, int64_t i1) {
+        exp_weights(c.x + i0, w + i0, i1 - i0);
+        scale(w, i0, i1);
+    };
+    constexpr int64_t kPiece = 4096;
+    const int64_t pieces = (c.count + kPiece - 1) / kPiece;
+    auto run = [&](int64_t p0, int64_t p1) {
+        for (int64_t q = p0; q < p1; ++q) piece(q * kPiece, std::min(c.count, (q + 1) * kPiece));
+    };
+    if (sampling_threads() > 1 && pieces > 4) {
+        ThreadPool::global().parallel_for(pieces, run, 2);
+    } else {
+        run(0, pieces);
+    }
 }
 
 }  // namespace ds4
