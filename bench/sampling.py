@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parent / "python"))
 from _common import Result, add_common_args, machine_info, measure, report  # noqa: E402
 
 from ds4 import _core  # noqa: E402
-from ds4.sampling import Rng, argmax, sample, top_logprobs  # noqa: E402
+from ds4.sampling import Rng, argmax, sample, set_sampler_threads, top_logprobs  # noqa: E402
 
 N_VOCAB = 129280
 
@@ -98,7 +98,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.quick:
         args.repeats = min(args.repeats, 3)
-    _core.set_sampling_threads(args.sampler_threads)
+    set_sampler_threads(args.sampler_threads)
     reps = 40 if args.quick else 200
     results: list[Result] = []
     rows: list[dict] = []

@@ -533,8 +533,10 @@ def _sweep_cases(seed, count):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_sweep_equals_plain_reference(threads):
-    core = _core()
-    core.set_sampling_threads(threads)
+    from ds4.sampling import set_sampler_threads
+
+    set_sampler_threads(threads)
+    assert _core().sampling_threads() == threads
     try:
         for i, (seed, kind, n, t, k, p, mp) in enumerate(_sweep_cases(1400 + threads, 200)):
             logits = _vocab_logits(seed, n, kind)
@@ -548,7 +550,15 @@ def test_sweep_equals_plain_reference(threads):
                 want = plain_probabilities(logits, t, k, p, mp)
                 assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), case
     finally:
-        core.set_sampling_threads(1)
+        set_sampler_threads(1)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_set_sampler_threads_refuses_non_positive_integers(bad):
+    from ds4.sampling import set_sampler_threads
+
+    with pytest.raises(InvalidArgumentError, match="n"):
+        set_sampler_threads(bad)
 
 
 # ---- the fast paths' building blocks -------------------------------------------------------------

@@ -47,6 +47,7 @@ __all__ = [
     "sample",
     "probabilities",
     "check_sampling_args",
+    "set_sampler_threads",
     "argmax",
     "argmax_excluding",
     "top_logprobs",
@@ -326,6 +327,15 @@ def probabilities(
         out[argmax(a)] = 1
         return out
     return _core().sample_probabilities(a, *_knobs(t, top_k, top_p, min_p, a.size))
+
+
+def set_sampler_threads(n: int) -> None:
+    """Let the sampler split its whole-vocabulary passes (the exact total behind min_p 0 and top_p < 1,
+    and ``probabilities()``) over the core's global thread pool: 1 (the default) keeps them on the
+    calling thread, 2 or more allows the pool. The picks and probabilities do not depend on it
+    (docs/sampling.md); it pays where the pool's workers are idle, as right after a decode step."""
+    check_int(n, "n", 1)
+    _core().set_sampling_threads(int(n))
 
 
 def _knobs(t, top_k, top_p, min_p, n: int) -> tuple[float, int, float, float]:
