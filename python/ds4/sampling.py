@@ -255,9 +255,17 @@ def _sorted_prefix(a: np.ndarray, floor, finite: np.ndarray | None) -> np.ndarra
 
 def _top_sorted(a: np.ndarray, k: int, finite: np.ndarray | None = None) -> np.ndarray:
     """Indices of the k largest finite logits, ordered by value desc then index asc (among equal
-    values the earlier index wins, as upstream's insertion). ``finite`` None: all are finite."""
+    values the earlier index wins, as upstream's insertion). ``finite`` None: all are finite.
+
+    Logits above the rank floor are sorted; those equal to it come after them in index order and
+    only as many as k needs (a vocabulary of equal logits would otherwise sort every entry)."""
     masked = a if finite is None else np.where(finite, a, -np.inf).astype(np.float32)
-    return _sorted_prefix(a, _rank_floor(masked, k), finite)[:k]
+    floor = _rank_floor(masked, k)
+    above = _sorted_prefix(a, np.nextafter(floor, _F32(np.inf)), finite)
+    if above.size >= k:
+        return above[:k]
+    tied = np.flatnonzero(a == floor)[: k - above.size]   # floor is finite here: ids ascending
+    return np.concatenate([above, tied])
 
 
 def _finite_max(a: np.ndarray):
