@@ -256,19 +256,22 @@ void Sampler::top_sorted(const float* a, int64_t n, int64_t m) {
     column_maxima(a, n, g, maxima_.data());
     std::nth_element(maxima_.begin(), maxima_.begin() + (m - 1), maxima_.end(), std::greater<float>());
     const float floor = maxima_[m - 1];
-    collect_logits_at_least(a, n, std::nextafter(floor, std::numeric_limits<float>::infinity()));
+    ids_.resize((size_t)n + 16);
+    vals_.resize((size_t)n + 16);
+    tmp_ids_.resize((size_t)m + 16);
+    int64_t tied = 0;
+    const int64_t above = collect_above_and_tied(a, n, floor, ids_.data(), vals_.data(), m, tmp_ids_.data(), &tied);
+    ids_.resize((size_t)above);
+    vals_.resize((size_t)above);
     sort_candidates(a);
-    const int64_t above = (int64_t)ids_.size();
     if (above >= m) {
         ids_.resize((size_t)m);
         vals_.resize((size_t)m);
         return;
     }
-    ids_.resize((size_t)(m + 16));
-    const int64_t eq = collect_equal(a, n, floor, m - above, ids_.data() + above);
-    ids_.resize((size_t)(above + eq));
-    vals_.resize((size_t)(above + eq));
-    std::fill(vals_.begin() + above, vals_.end(), floor);
+    const int64_t take = std::min(tied, m - above);
+    ids_.insert(ids_.end(), tmp_ids_.begin(), tmp_ids_.begin() + take);
+    vals_.resize((size_t)(above + take), floor);
 }
 
 void Sampler::collect_logits_at_least(const float* a, int64_t n, float floor) {

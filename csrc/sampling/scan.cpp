@@ -18,13 +18,21 @@ int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t*
     return k;
 }
 
-int64_t collect_equal(const float* a, int64_t n, float v, int64_t limit, int32_t* out) {
+int64_t collect_above_and_tied(const float* a, int64_t n, float v, int32_t* above, float* vals,
+                               int64_t limit, int32_t* tied, int64_t* n_tied) {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return collect_equal_avx512(a, n, v, limit, out);
+    if (sampling_avx512()) return collect_above_and_tied_avx512(a, n, v, above, vals, limit, tied, n_tied);
 #endif
-    int64_t k = 0;
-    for (int64_t i = 0; i < n && k < limit; ++i)
-        if (a[i] == v) out[k++] = (int32_t)i;
+    int64_t k = 0, t = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (a[i] > v && a[i] - a[i] == 0.0f) {
+            vals[k] = a[i];
+            above[k++] = (int32_t)i;
+        } else if (a[i] == v && t < limit) {
+            tied[t++] = (int32_t)i;
+        }
+    }
+    *n_tied = t;
     return k;
 }
 
