@@ -245,7 +245,9 @@ void Sampler::top_sorted(const float* a, int64_t n, int64_t m) {
     // finite logits at or above it, so the m best are all at or above it. 2m columns leave about
     // 1.5 m survivors on smooth logits. Tokens above the floor are sorted; tokens equal to it come
     // after them in id order, and only as many as the m best need (many tokens can tie with it).
-    const int64_t g = (2 * m + 15) / 16 * 16;
+    // At least 256 columns: few columns make long rows of dependent maxima (slow), and more
+    // columns only raise the floor.
+    const int64_t g = std::max<int64_t>(256, (2 * m + 15) / 16 * 16);
     if (n < 4 * g) {
         collect_logits_at_least(a, n, kNegInf);
         sort_candidates(a);
