@@ -465,6 +465,10 @@ def _vocab_logits(seed, n, kind):
         x[g.random(n) < 0.1] = 0.0
     elif kind == "tinyrange":  # weights all within a few ulps of 1
         x = g.normal(0, 1e-6, n)
+    elif kind == "sparse":  # nearly every logit -inf or NaN: fewer finite tokens than top_k asks
+        x = np.full(n, -np.inf)
+        x[g.random(n) < 0.3] = np.nan
+        x[g.integers(0, n, 12)] = g.normal(0, 2, 12)
     else:  # non-finite entries: -inf, NaN and sometimes +inf among normal logits
         x = g.normal(0, 3, n)
         u = g.random(n)
@@ -514,7 +518,7 @@ def test_min_p_at_a_weight_boundary(seed, top_p, which):
 # must equal plain_sample's, probabilities() must equal plain_probabilities' bit for bit; with one
 # sampler thread and with two (the pool path of the whole-vocabulary total must not change a bit).
 
-_SWEEP_KINDS = ["flat", "peaked", "ties", "heavy", "nonfinite", "equal", "few", "denormal", "tinyrange"]
+_SWEEP_KINDS = ["flat", "peaked", "ties", "heavy", "nonfinite", "equal", "few", "denormal", "tinyrange", "sparse"]
 
 
 def _sweep_cases(seed, count):

@@ -262,7 +262,10 @@ void Sampler::top_sorted(const float* a, int64_t n, int64_t m) {
     vals_.resize((size_t)n + 16);
     tmp_ids_.resize((size_t)m + 16);
     int64_t tied = 0;
-    const int64_t above = collect_above_and_tied(a, n, floor, ids_.data(), vals_.data(), m, tmp_ids_.data(), &tied);
+    // A floor of -inf (fewer than m columns hold a finite logit): every finite logit is above it,
+    // and the -inf entries equal to it are never candidates.
+    const int64_t tie_limit = floor == kNegInf ? 0 : m;
+    const int64_t above = collect_above_and_tied(a, n, floor, ids_.data(), vals_.data(), tie_limit, tmp_ids_.data(), &tied);
     ids_.resize((size_t)above);
     vals_.resize((size_t)above);
     sort_candidates(a);

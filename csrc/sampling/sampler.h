@@ -20,8 +20,8 @@ struct SamplerParams {
 
 // The distribution one draw picks from: `count` candidates in walk order (ids, or token i itself
 // when ids is null) with float32 weights summing (sequentially, in walk order) to `sum`. The
-// weights are w, or (w null) exp_weights(x[i]) not yet evaluated (the whole vocabulary in id
-// order). draw == false: no draw happens and the pick is `no_draw` (argmax, or a degenerate total).
+// weights are w, or (w null) exp_weights(x[i]) not yet evaluated (the whole vocabulary, or the
+// min-p survivors, in id order). draw == false: no draw happens and the pick is `no_draw` (argmax, or a degenerate total).
 struct Candidates {
     bool draw = false;
     int32_t no_draw = 0;
