@@ -212,17 +212,17 @@ void attend_queries(const QueryBlockInputs& in, float* out, std::vector<float>& 
         return;
     }
     // Groups of up to max_queries consecutive queries share one merged row list; a task is one
-    // group x one block of 4 heads, with its own weights scratch (4 heads x the group's queries).
+    // group x one block of 4 heads, with its own scratch (packed queries and weights).
     const int64_t G = kernel.max_queries;
     const int64_t n_groups = (nq + G - 1) / G, n_hblocks = (H + 3) / 4;
     std::vector<std::vector<const float*>> rows((size_t)n_groups);
     std::vector<std::vector<uint8_t>> who((size_t)n_groups);
-    int64_t stride = 1;
+    int64_t stride = 1;   // the longest merged list
     for (int64_t g = 0; g < n_groups; ++g) {
         merge_rows(in, g * G, std::min(G, nq - g * G), rows[(size_t)g], who[(size_t)g]);
         stride = std::max(stride, (int64_t)rows[(size_t)g].size());
     }
-    const int64_t per_task = G * 4 * stride;
+    const int64_t per_task = G * 4 * (D + stride);
     if (scratch.size() < (size_t)(n_groups * n_hblocks * per_task)) scratch.resize((size_t)(n_groups * n_hblocks * per_task));
     auto tasks = [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
@@ -235,7 +235,7 @@ void attend_queries(const QueryBlockInputs& in, float* out, std::vector<float>& 
                 o[k] = out + (j0 + k) * H * D;
             }
             const QueryBlockRows list{rows[(size_t)g].data(), who[(size_t)g].data(), (int64_t)rows[(size_t)g].size()};
-            kernel.fn(q, o, n, in.sinks, D, list, scratch.data() + t * per_task, stride, hb * 4, std::min(H, hb * 4 + 4));
+            kernel.fn(q, o, n, in.sinks, D, list, scratch.data() + t * per_task, hb * 4, std::min(H, hb * 4 + 4));
         }
     };
     const int64_t n_tasks = n_groups * n_hblocks;

@@ -26,7 +26,7 @@ void lanes_row_dots_avx512(const float* const* qs, int64_t nq, const float* row,
     row_dots_any(qs, nq, row, n, out, 1);
 }
 void attend_queries_avx512(const float* const* q, float* const* out, int64_t nq, const float* sinks, int64_t head_dim,
-                         const QueryBlockRows& rows, float* weights, int64_t stride, int64_t h0, int64_t h1) {
-    attend_queries_impl(q, out, nq, sinks, head_dim, rows, weights, stride, h0, h1);
+                         const QueryBlockRows& rows, float* scratch, int64_t h0, int64_t h1) {
+    attend_queries_impl(q, out, nq, sinks, head_dim, rows, scratch, h0, h1);
 }
 }  // namespace ds4
