@@ -338,9 +338,11 @@ void init_backend_ops(py::module_& m) {
                     fail(ErrorKind::InvalidArgument, "attention_block: q, fresh and n_comp need one entry per "
                                                      "query, and the ring a consistent live window");
                 }
-                for (int64_t j = 0; j < nq; ++j) {
-                    if (n_comp[(size_t)j] < 0 || n_comp[(size_t)j] > tc.rows() || (j && n_comp[(size_t)j] < n_comp[(size_t)j - 1])) {
-                        fail(ErrorKind::InvalidArgument, "attention_block: n_comp must be non-decreasing within the rows given");
+                for (size_t j = 0; j < n_comp.size(); ++j) {
+                    const int64_t c = n_comp[j];
+                    if (c < 0 || c > tc.rows() || (j && c < n_comp[j - 1])) {
+                        fail(ErrorKind::InvalidArgument,
+                             "attention_block: n_comp must be non-decreasing within the rows given");
                     }
                 }
                 Tensor tm;
@@ -348,7 +350,8 @@ void init_backend_ops(py::module_& m) {
                 if (mask) {
                     stride = mask->ndim() == 2 ? (int64_t)mask->shape(1) : 0;
                     if (mask->ndim() != 2 || (int64_t)mask->shape(0) != nq || stride < n_comp.back()) {
-                        fail(ErrorKind::InvalidArgument, "attention_block: mask must be nq rows of at least n_comp[-1] flags");
+                        fail(ErrorKind::InvalidArgument,
+                             "attention_block: mask must be nq rows of at least n_comp[-1] flags");
                     }
                     tm = h.alloc(DType::U8, std::max<int64_t>(1, stride), nq);
                     if (stride) h.st().upload(tm, mask->data(), (uint64_t)(stride * nq));

@@ -203,10 +203,11 @@ void attend_queries(const QueryBlockInputs& in, float* out, std::vector<float>& 
         std::vector<const float*> window;
         for (int64_t j = 0; j < nq; ++j) {
             query_window(in, j, window);
+            const uint8_t* allowed = in.mask && j >= in.mask_first ? in.mask + j * in.mask_stride : nullptr;
             AttentionInputs one{in.q + j * H * D, in.raw, in.raw_cap, (int64_t)window.size(), 0, in.comp,
-                                in.n_comp[j], in.mask && j >= in.mask_first ? in.mask + j * in.mask_stride : nullptr, in.sinks, H, D,
-                                window.data()};
-            if (scratch.size() < (size_t)(H * (in.raw_cap + in.n_comp[j]))) scratch.resize((size_t)(H * (in.raw_cap + in.n_comp[j])));
+                                in.n_comp[j], allowed, in.sinks, H, D, window.data()};
+            const size_t need = (size_t)(H * (in.raw_cap + in.n_comp[j]));
+            if (scratch.size() < need) scratch.resize(need);
             attend(one, out + j * H * D, scratch.data(), pool);
         }
         return;
@@ -223,7 +224,9 @@ void attend_queries(const QueryBlockInputs& in, float* out, std::vector<float>& 
         stride = std::max(stride, (int64_t)rows[(size_t)g].size());
     }
     const int64_t per_task = G * 4 * (D + stride);
-    if (scratch.size() < (size_t)(n_groups * n_hblocks * per_task)) scratch.resize((size_t)(n_groups * n_hblocks * per_task));
+    const size_t need = (size_t)(n_groups * n_hblocks * per_task);
+    if (scratch.size() < need) scratch.resize(need);
+    static_assert(kAttendQueriesAvx2 <= 4 && kAttendQueriesAvx512 <= 4, "q/o below and the who bits hold 4 queries");
     auto tasks = [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
             const int64_t g = t / n_hblocks, hb = t % n_hblocks;
@@ -234,7 +237,8 @@ void attend_queries(const QueryBlockInputs& in, float* out, std::vector<float>& 
                 q[k] = in.q + (j0 + k) * H * D;
                 o[k] = out + (j0 + k) * H * D;
             }
-            const QueryBlockRows list{rows[(size_t)g].data(), who[(size_t)g].data(), (int64_t)rows[(size_t)g].size()};
+            const std::vector<const float*>& rg = rows[(size_t)g];
+            const QueryBlockRows list{rg.data(), who[(size_t)g].data(), (int64_t)rg.size()};
             kernel.fn(q, o, n, in.sinks, D, list, scratch.data() + t * per_task, hb * 4, std::min(H, hb * 4 + 4));
         }
     };
