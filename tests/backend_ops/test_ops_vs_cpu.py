@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as Q
 from hypothesis import given, settings, strategies as st
 
 import ds4._core as core
+import ds4.errors
 from test_attention_block import blocks
 from _ops import (BACKENDS, NMSE_REQUANT, REFERENCE, assert_exact, assert_matches, floats, rope, router_args,
                   weight)
@@ -235,7 +236,12 @@ def test_attention(name, h, n_head, head_dim, raw_cap, fill, first, n_comp, mask
 @given(args=blocks())
 def test_attention_block(name, h, args):
     """Several query tokens at once (test_attention_block.py draws the blocks and checks the
-    per-token equivalence and the numpy reference)."""
+    per-token equivalence and the numpy reference). The op is optional: a backend without it
+    (Metal) says so in supports() and refuses the call, and the forward pass attends per token."""
+    if not h.supports("attention_block", 0):
+        with pytest.raises(ds4.errors.UnsupportedModelError, match="attention_block"):
+            h.attention_block(*args)
+        return
     assert_matches("attention_block", name, h.attention_block(*args), REFERENCE.attention_block(*args))
 
 
