@@ -4,10 +4,14 @@ An :class:`~ds4.Engine` runs on one backend, chosen by name (``backend="cpu"``) 
 (the first available one in this list's order: GPUs before the CPU)::
 
     >>> import ds4
-    >>> [b.name for b in ds4.available_backends() if b.available][0]
-    'cpu'
-    >>> next(b for b in ds4.available_backends() if b.name == "metal").available
-    False
+    >>> names = [b.name for b in ds4.available_backends()]
+    >>> names.index("metal") < names.index("cpu") < names.index("metal-emu")
+    True
+    >>> next(b for b in ds4.available_backends() if b.name == "cpu").available
+    True
+
+(On Apple Silicon ``metal`` is available too and ``"auto"`` picks it; elsewhere ``"auto"`` is
+the CPU.)
 
 Asking for one that is not available raises :class:`~ds4.errors.UnsupportedModelError` naming the
 available ones. How a backend plugs in: ``docs/architecture.md``.

@@ -273,7 +273,7 @@ def test_router(name, h, n_expert, n_used, nb, mode, seed):
 
 
 @backends
-@pytest.mark.parametrize("gate_type,down_type", [(Q.IQ2_XXS, Q.Q2_K), (Q.Q4_K, Q.Q4_K), (Q.Q8_0, Q.Q8_0)],
+@pytest.mark.parametrize("gate_type,down_type", [(Q.IQ2_XXS, Q.Q2_K), (Q.Q4_K, Q.Q4_K), (Q.Q8_0, Q.Q8_0), (Q.BF16, Q.BF16)],
                          ids=lambda q: q.name)
 @FEW
 @given(nb=st.sampled_from([1, 3, 257]), n_used=st.integers(1, 6), seed=st.integers(0, 2**16))

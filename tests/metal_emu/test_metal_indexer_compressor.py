@@ -85,6 +85,23 @@ def test_top_k_mask_is_exact(emu, data):
     assert np.array_equal(ops.top_k_mask(ops.checked(emu), with_nan, k), _cpu_top_k(with_nan, k))
 
 
+SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, NEG, 1.0, -1.0, 2.0**-149, -(2.0**-149), 3.0e38],
+                   np.float32)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(1, 3000), k=st.integers(0, 600), seed=st.integers(0, 2**32 - 1))
+def test_top_k_mask_special_values_and_long_rows(emu, n, k, seed):
+    """Rows longer than the threadgroup (several per thread), every key edge: -0 ties +0, +-inf,
+    denormals, NaN and the sentinel never qualify; the mask equals the CPU's insertion order."""
+    rng = np.random.default_rng(seed)
+    scores = SPECIAL[rng.integers(0, SPECIAL.size, n)]
+    plain = rng.random(n) < 0.5                      # half distinct values, half heavy ties
+    scores[plain] = rng.standard_normal(int(plain.sum())).astype(np.float32)
+    got = ops.top_k_mask(ops.checked(emu), scores, k)
+    assert np.array_equal(got, _cpu_top_k(scores, k))
+
+
 @pytest.mark.parametrize("ratio", [4, 128])
 @FAST
 @given(data=st.data())

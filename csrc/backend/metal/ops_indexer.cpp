@@ -18,6 +18,7 @@ namespace {
 
 constexpr uint32_t kScoreSimdgroups = 2;   // compressed rows per threadgroup (one per simdgroup)
 constexpr uint32_t kElementThreads = 64;
+constexpr uint32_t kTopKThreads = 256;  // the whole selection is one threadgroup
 
 }  // namespace
 
@@ -48,8 +49,10 @@ void MetalStream::indexer_scores(const IndexerScoresArgs& a) {
 void MetalStream::top_k_mask(const TopKMaskArgs& a) {
     const int64_t k = a.k < 0 ? 0 : a.k > 0xFFFFFFFFll ? 0xFFFFFFFFll : a.k;
     const ds4_topk_args args{(uint)a.n, (uint)k};
-    dispatch_threads("top_k_mask", {}, {bytes_arg(args), arg(a.scores), arg(a.mask)}, {}, {(uint32_t)a.n, 1, 1},
-                     {threads_within("top_k_mask", {}, kElementThreads), 1, 1});
+    if (a.n <= 0) return;
+    const uint32_t threads = threads_within("top_k_mask", {}, kTopKThreads);
+    dispatch("top_k_mask", {}, {bytes_arg(args), arg(a.scores), arg(a.mask)}, {4 * div_up(threads, 32)}, {1, 1, 1},
+             {threads, 1, 1});
 }
 
 }  // namespace metal

@@ -245,8 +245,9 @@ def indexer_weights_scale(run: Runner, w: np.ndarray, scale: float) -> np.ndarra
 def top_k_mask(run: Runner, scores: np.ndarray, k: int) -> np.ndarray:
     scores = np.ascontiguousarray(scores, dtype=np.float32)
     mask = np.zeros(scores.size, np.uint8)
+    threads = 128   # one threadgroup does the whole selection (any whole number of simdgroups)
     return run("top_k_mask", buffers=[_struct(n=scores.size, k=k), scores, mask], outputs=[2],
-               grid=(scores.size, 1, 1), threads=(64, 1, 1), grid_is_threads=True)[0]
+               grid=(1, 1, 1), threads=(threads, 1, 1), tg_mem=[4 * threads // 32])[0]
 
 
 def compressor_pool_state(run: Runner, kv: np.ndarray, score: np.ndarray, head_dim: int, ratio: int) -> np.ndarray:
