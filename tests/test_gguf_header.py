@@ -194,7 +194,12 @@ def test_random_header_corruption_never_crashes(rich_file, tmp_path_factory, dat
     (two_tensor_file(dims_b=(2**40, 2**30)), r"runs past the end of the file"),
     (two_tensor_file(type_b=GGMLType.Q8_0, dims_b=(48,)), "not a multiple of the Q8_0 block size 32"),
     (build([], [ti("a", (8,), 0, 0), ti("a", (8,), 0, 32)], b"\0" * 64), "duplicate tensor name 'a'"),
-], ids=['bad-magic', 'version1', 'version4', 'big-endian', 'absurd-tensor-count', 'absurd-kv-count', 'bad-value-type', 'bad-array-type', 'absurd-array', 'absurd-string', 'absurd-key', 'bad-bool', 'dup-key', 'bad-utf8', 'alignment-not-pow2', 'alignment-type', 'bad-ggml-type', 'zero-dims', 'five-dims', 'zero-dim', 'misaligned', 'overlap', 'past-end', 'huge-dims', 'partial-block', 'dup-tensor'])
+    # string arrays (vocabularies) take their own bulk path: the same checks, element by element
+    (build([s("k") + struct.pack("<II", V.ARRAY, V.STRING) + struct.pack("<Q", 2) + s("ok") + struct.pack("<Q", 2**50)],
+           [], b"\0" * 64), "string length .* cannot fit"),
+    (build([s("k") + struct.pack("<II", V.ARRAY, V.STRING) + struct.pack("<Q", 2) + s("ok") + struct.pack("<Q", 2)
+            + b"\xff\xfe"], []), "not valid UTF-8"),
+], ids=['bad-magic', 'version1', 'version4', 'big-endian', 'absurd-tensor-count', 'absurd-kv-count', 'bad-value-type', 'bad-array-type', 'absurd-array', 'absurd-string', 'absurd-key', 'bad-bool', 'dup-key', 'bad-utf8', 'alignment-not-pow2', 'alignment-type', 'bad-ggml-type', 'zero-dims', 'five-dims', 'zero-dim', 'misaligned', 'overlap', 'past-end', 'huge-dims', 'partial-block', 'dup-tensor', 'absurd-string-in-array', 'bad-utf8-in-array'])
 def test_corruption_is_named(tmp_path, data, match):
     p = write(tmp_path, data, "bad.gguf")
     with pytest.raises(ModelFormatError, match=match) as e:

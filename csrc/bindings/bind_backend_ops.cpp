@@ -7,11 +7,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <deque>
 #include <optional>
 
 #include "backend/backend.h"
 #include "common/errors.h"
+#include "layers/fp_quant.h"
 #include "model/rope_params.h"
 #include "quant/simd.h"
 
@@ -254,6 +256,18 @@ void init_backend_ops(py::module_& m) {
                 Tensor tx = h.in(x);
                 h.st().fp8_kv_roundtrip({tx, tx.width(), n_rot});
                 return h.out(tx);
+            });
+        })
+        .def("fp4_roundtrip", [](OpHarness& h, F32Array x) {
+            // Not a stream op: the FP4 block round trip of indexer_qat (layers/fp_quant.h), run on
+            // this harness's SIMD path, so its vector kernels can be compared with the scalar one.
+            const int64_t n = (int64_t)x.size();
+            if (n % 32) fail(ErrorKind::InvalidArgument, "fp4_roundtrip: length " + std::to_string(n) + " is not a multiple of 32");
+            return h.call([&] {
+                py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+                std::memcpy(out.mutable_data(), x.data(), (size_t)n * sizeof(float));
+                ds4::fp4_roundtrip(out.mutable_data(), n);
+                return out;
             });
         })
         .def("store_row_f16", [](OpHarness& h, F32Array x) {

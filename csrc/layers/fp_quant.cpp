@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/errors.h"
+#include "quant/simd.h"
 
 namespace ds4 {
 
@@ -62,19 +63,49 @@ float e2m1_round(float v) {
     return sign * kE2m1[best];
 }
 
-void fp8_kv_roundtrip(float* x, int64_t head_dim, int64_t n_rot) {
+namespace {
+
+void fp8_kv_roundtrip_scalar(float* x, int64_t head_dim, int64_t n_rot) {
     const int64_t n_nope = head_dim - n_rot;
     for (int64_t off = 0; off < n_nope; off += 64) {
         float amax = 0.0f;
         for (int i = 0; i < 64; ++i) amax = std::fmax(amax, std::fabs(x[off + i]));
-        if (amax < 1.0e-4f) amax = 1.0e-4f;
-        const float scale = std::ldexp(1.0f, (int)std::ceil(std::log2(amax / 448.0f)));
+        const float scale = pow2_block_scale(amax, kFp8AmaxFloor, 448.0f);
         for (int i = 0; i < 64; ++i) {
             float v = x[off + i] / scale;
             if (v > 448.0f) v = 448.0f;
             if (v < -448.0f) v = -448.0f;
             x[off + i] = e4m3_round(v) * scale;
         }
+    }
+}
+
+void fp4_roundtrip_scalar(float* x, int64_t n) {
+    for (int64_t off = 0; off < n; off += 32) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[off + i]));
+        const float scale = pow2_block_scale(amax, kFp4AmaxFloor, 6.0f);
+        for (int i = 0; i < 32; ++i) {
+            float v = x[off + i] / scale;
+            if (v > 6.0f) v = 6.0f;
+            if (v < -6.0f) v = -6.0f;
+            x[off + i] = e2m1_round(v) * scale;
+        }
+    }
+}
+
+}  // namespace
+
+// The vector round trips (fp_quant_simd.inc) compute the scalar bits; DS4_SIMD=scalar keeps the
+// loops above.
+void fp8_kv_roundtrip(float* x, int64_t head_dim, int64_t n_rot) {
+    switch (simd_path()) {
+#if defined(DS4_ARCH_X86)
+        case SimdPath::AVX2: fp8_kv_roundtrip_avx2(x, head_dim, n_rot); return;
+        case SimdPath::AVX512:
+        case SimdPath::AVX512VNNI: fp8_kv_roundtrip_avx512(x, head_dim, n_rot); return;
+#endif
+        default: fp8_kv_roundtrip_scalar(x, head_dim, n_rot); return;
     }
 }
 
@@ -93,17 +124,13 @@ void hadamard128(float* x) {
 }
 
 void fp4_roundtrip(float* x, int64_t n) {
-    for (int64_t off = 0; off < n; off += 32) {
-        float amax = 0.0f;
-        for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[off + i]));
-        if (amax < 7.052966104933725e-38f) amax = 7.052966104933725e-38f;
-        const float scale = std::ldexp(1.0f, (int)std::ceil(std::log2(amax / 6.0f)));
-        for (int i = 0; i < 32; ++i) {
-            float v = x[off + i] / scale;
-            if (v > 6.0f) v = 6.0f;
-            if (v < -6.0f) v = -6.0f;
-            x[off + i] = e2m1_round(v) * scale;
-        }
+    switch (simd_path()) {
+#if defined(DS4_ARCH_X86)
+        case SimdPath::AVX2: fp4_roundtrip_avx2(x, n); return;
+        case SimdPath::AVX512:
+        case SimdPath::AVX512VNNI: fp4_roundtrip_avx512(x, n); return;
+#endif
+        default: fp4_roundtrip_scalar(x, n); return;
     }
 }
 

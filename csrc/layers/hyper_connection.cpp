@@ -56,22 +56,33 @@ void hc_split_sinkhorn(const float* mix, const float* scale, const float* base, 
     }
 }
 
+// Both loops run row-wise over n_embd (element-wise, so they vectorise) with each element's sum in
+// the original order: acc = 0 + R0*w0 (+ R1*w1 ...), resp. block*post + comb*R per source.
 void hc_weighted_sum(float* out, const float* R, const float* w, int64_t n_embd, int n_hc) {
-    for (int64_t d = 0; d < n_embd; ++d) {
-        float acc = 0.0f;
-        for (int h = 0; h < n_hc; ++h) acc += R[h * n_embd + d] * w[h];
-        out[d] = acc;
+    for (int64_t d = 0; d < n_embd; ++d) out[d] = 0.0f + R[d] * w[0];
+    for (int h = 1; h < n_hc; ++h) {
+        const float* r = R + h * n_embd;
+        const float wh = w[h];
+        for (int64_t d = 0; d < n_embd; ++d) out[d] += r[d] * wh;
     }
 }
 
 void hc_post(float* out, const float* block, const float* R, const float* split, int64_t n_embd, int n_hc) {
     const float* post = hc_split_post(split, n_hc);
     const float* comb = hc_split_comb(split, n_hc);
-    for (int dst = 0; dst < n_hc; ++dst) {
-        for (int64_t d = 0; d < n_embd; ++d) {
-            float acc = block[d] * post[dst];
-            for (int src = 0; src < n_hc; ++src) acc += comb[n_hc * src + dst] * R[src * n_embd + d];
-            out[dst * n_embd + d] = acc;
+    // Columns in chunks that stay in L1 while every destination stream reads all sources.
+    constexpr int64_t kChunk = 256;
+    for (int64_t d0 = 0; d0 < n_embd; d0 += kChunk) {
+        const int64_t m = n_embd - d0 < kChunk ? n_embd - d0 : kChunk;
+        for (int dst = 0; dst < n_hc; ++dst) {
+            float* o = out + dst * n_embd + d0;
+            const float p = post[dst];
+            for (int64_t d = 0; d < m; ++d) o[d] = block[d0 + d] * p;
+            for (int src = 0; src < n_hc; ++src) {
+                const float* r = R + src * n_embd + d0;
+                const float cw = comb[n_hc * src + dst];
+                for (int64_t d = 0; d < m; ++d) o[d] += cw * r[d];
+            }
         }
     }
 }

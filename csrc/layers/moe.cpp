@@ -6,6 +6,7 @@
 #include "common/thread_pool.h"
 #include "layers/numerics.h"
 #include "quant/kernels.h"
+#include "quant/simd.h"
 
 namespace ds4 {
 
@@ -59,7 +60,9 @@ void route_token(const float* logits, int ne, int nu, const TensorRef* bias, con
     for (int i = 0; i < nu; ++i) weights[i] = weights[i] / sum * weight_scale;
 }
 
-void swiglu(float* mid, const float* g, const float* u, int64_t n, float c, float scale) {
+namespace {
+
+void swiglu_scalar(float* mid, const float* g, const float* u, int64_t n, float c, float scale) {
     for (int64_t i = 0; i < n; ++i) {
         float gv = g[i], uv = u[i];
         if (c > 1.0e-6f) {
@@ -69,6 +72,22 @@ void swiglu(float* mid, const float* g, const float* u, int64_t n, float c, floa
         }
         mid[i] = silu(gv) * uv * scale;
     }
+}
+
+}  // namespace
+
+// The vector paths compute the scalar loop's bits (swiglu_simd.inc); DS4_SIMD=scalar keeps it.
+void swiglu(float* mid, const float* g, const float* u, int64_t n, float c, float scale) {
+    int64_t done = 0;
+    switch (simd_path()) {
+#if defined(DS4_ARCH_X86)
+        case SimdPath::AVX2: done = swiglu_lanes_avx2(mid, g, u, n, c, scale); break;
+        case SimdPath::AVX512:
+        case SimdPath::AVX512VNNI: done = swiglu_lanes_avx512(mid, g, u, n, c, scale); break;
+#endif
+        default: break;
+    }
+    swiglu_scalar(mid + done, g + done, u + done, n - done, c, scale);
 }
 
 void routed_experts(const RoutedExperts& w, const float* x, const int32_t* sel, const float* weights, float* out,

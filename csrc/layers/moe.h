@@ -16,6 +16,12 @@ void route_token(const float* logits, int n_expert, int n_used, const TensorRef*
 
 // mid[i] = silu(min(g, c)) * clamp(u, -c, c) * scale (c <= 1e-6 disables the clamp).
 void swiglu(float* mid, const float* g, const float* u, int64_t n, float clamp, float scale);
+#if defined(DS4_ARCH_X86)
+// The vector swiglu of swiglu_simd.inc on the first n rounded down to whole vectors (returned);
+// swiglu() picks one by the active SIMD path and finishes the tail with the scalar loop.
+int64_t swiglu_lanes_avx2(float* mid, const float* g, const float* u, int64_t n, float clamp, float scale);
+int64_t swiglu_lanes_avx512(float* mid, const float* g, const float* u, int64_t n, float clamp, float scale);
+#endif
 
 // The routed experts of one layer: three [n_embd|n_ff] x n_expert stacks of matrices.
 struct RoutedExperts {

@@ -80,12 +80,47 @@ inline void rms_norm_weight(float* out, const float* x, const float* w, int64_t 
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] * s * w[i];
 }
 
-inline void head_rms_norm_inplace(float* x, int64_t n_head, int64_t head_dim, float eps) {
-    for (int64_t h = 0; h < n_head; ++h) {
-        float* p = x + h * head_dim;
-        const float s = rms_scale(p, head_dim, eps);
-        for (int64_t i = 0; i < head_dim; ++i) p[i] *= s;
+// rms_scale of four rows at once. Each row keeps its own sequential double sum (the same bits as
+// rms_scale); the four independent chains overlap, where one row alone waits on every add.
+inline void rms_scale4(const float* x0, const float* x1, const float* x2, const float* x3, int64_t n, float eps,
+                       float* s) {
+    double a = 0.0, b = 0.0, c = 0.0, d = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        a += (double)x0[i] * x0[i];
+        b += (double)x1[i] * x1[i];
+        c += (double)x2[i] * x2[i];
+        d += (double)x3[i] * x3[i];
     }
+    const double ss[4] = {a, b, c, d};
+    for (int k = 0; k < 4; ++k) s[k] = 1.0f / std::sqrt((float)(ss[k] / (double)n) + eps);
+}
+
+// RMSNorm of nrows rows of n floats (row r at x + r*n, written to out + r*n; out may be x), with
+// weight w or none: rms_norm_weight / rms_norm_no_weight per row, rows four at a time.
+inline void rms_norm_rows(float* out, const float* x, const float* w, int64_t nrows, int64_t n, float eps) {
+    int64_t r = 0;
+    for (; r < nrows; r += 4) {
+        float s[4];
+        const int64_t m = nrows - r < 4 ? nrows - r : 4;
+        if (m == 4) {
+            rms_scale4(x + r * n, x + (r + 1) * n, x + (r + 2) * n, x + (r + 3) * n, n, eps, s);
+        } else {
+            for (int64_t k = 0; k < m; ++k) s[k] = rms_scale(x + (r + k) * n, n, eps);
+        }
+        for (int64_t k = 0; k < m; ++k) {
+            const float* xr = x + (r + k) * n;
+            float* o = out + (r + k) * n;
+            if (w) {
+                for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * s[k] * w[i];
+            } else {
+                for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * s[k];
+            }
+        }
+    }
+}
+
+inline void head_rms_norm_inplace(float* x, int64_t n_head, int64_t head_dim, float eps) {
+    rms_norm_rows(x, x, nullptr, n_head, head_dim, eps);
 }
 
 inline float sigmoid_stable(float x) {

@@ -11,6 +11,8 @@
 #include "common/errors.h"
 #include "quant/formats.h"
 #include "quant/kernels.h"
+#include "quant/quantize_act_simd.h"
+#include "quant/simd.h"
 
 namespace ds4 {
 
@@ -32,10 +34,7 @@ void check_len(const char* what, int64_t n, int64_t block) {
     }
 }
 
-}  // namespace
-
-void quantize_q8_0_act(const float* x, BlockQ8_0Act* out, int64_t n) {
-    check_len("quantize_q8_0_act", n, 32);
+void quantize_q8_0_act_scalar(const float* x, BlockQ8_0Act* out, int64_t n) {
     unsigned char* dst = reinterpret_cast<unsigned char*>(out);
     for (int64_t b = 0; b < n / 32; ++b, x += 32, dst += sizeof(BlockQ8_0Act)) {
         float amax = 0.0f;
@@ -52,8 +51,7 @@ void quantize_q8_0_act(const float* x, BlockQ8_0Act* out, int64_t n) {
     }
 }
 
-void quantize_q8_K(const float* x, BlockQ8K* out, int64_t n) {
-    check_len("quantize_q8_K", n, QK);
+void quantize_q8_K_scalar(const float* x, BlockQ8K* out, int64_t n) {
     unsigned char* dst = reinterpret_cast<unsigned char*>(out);
     for (int64_t b = 0; b < n / QK; ++b, x += QK, dst += sizeof(BlockQ8K)) {
         BlockQ8K blk;
@@ -78,6 +76,34 @@ void quantize_q8_K(const float* x, BlockQ8K* out, int64_t n) {
             blk.d = 1.0f / iscale;
         }
         std::memcpy(dst, &blk, sizeof(blk));
+    }
+}
+
+}  // namespace
+
+// The vector quantisers compute the scalar ones' bits (quantize_act_simd.inc), so every SIMD path
+// writes the same activation bytes; DS4_SIMD=scalar keeps the loops above.
+void quantize_q8_0_act(const float* x, BlockQ8_0Act* out, int64_t n) {
+    check_len("quantize_q8_0_act", n, 32);
+    switch (simd_path()) {
+#if defined(DS4_ARCH_X86)
+        case SimdPath::AVX2: quantize_q8_0_act_blocks_avx2(x, out, n / 32); return;
+        case SimdPath::AVX512:
+        case SimdPath::AVX512VNNI: quantize_q8_0_act_blocks_avx512(x, out, n / 32); return;
+#endif
+        default: quantize_q8_0_act_scalar(x, out, n); return;
+    }
+}
+
+void quantize_q8_K(const float* x, BlockQ8K* out, int64_t n) {
+    check_len("quantize_q8_K", n, QK);
+    switch (simd_path()) {
+#if defined(DS4_ARCH_X86)
+        case SimdPath::AVX2: quantize_q8_K_blocks_avx2(x, out, n / QK); return;
+        case SimdPath::AVX512:
+        case SimdPath::AVX512VNNI: quantize_q8_K_blocks_avx512(x, out, n / QK); return;
+#endif
+        default: quantize_q8_K_scalar(x, out, n); return;
     }
 }
 

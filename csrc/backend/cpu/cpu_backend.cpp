@@ -77,18 +77,18 @@ public:
 
     void rms_norm(const RmsNormArgs& a) override {
         const int64_t n = a.x.width();
-        for (int64_t b = 0; b < a.x.rows(); ++b) {
-            const float* x = f32(a.x) + b * n;
-            float* o = f32(a.out) + b * n;
-            if (a.weight) rms_norm_weight(o, x, a.weight->f32(), n, a.eps);
-            else rms_norm_no_weight(o, x, n, a.eps);
-        }
+        const float* w = a.weight ? a.weight->f32() : nullptr;
+        each_row(a.x.rows(), [&](int64_t b0, int64_t b1) {
+            rms_norm_rows(f32(a.out) + b0 * n, f32(a.x) + b0 * n, w, b1 - b0, n, a.eps);
+        });
     }
 
     void head_rms_norm(const HeadRmsNormArgs& a) override {
-        for (int64_t b = 0; b < a.x.rows(); ++b) {
-            head_rms_norm_inplace(f32(a.x) + b * a.x.width(), a.n_head, a.head_dim, a.eps);
-        }
+        each_row(a.x.rows(), [&](int64_t b0, int64_t b1) {
+            for (int64_t b = b0; b < b1; ++b) {
+                head_rms_norm_inplace(f32(a.x) + b * a.x.width(), a.n_head, a.head_dim, a.eps);
+            }
+        });
     }
 
     void linear(const LinearArgs& a) override {
@@ -105,7 +105,9 @@ public:
         float* low = f32(a.low);
         if (nb > 1) grow(grp_, nb * rank);
         for (int64_t g = 0; g < G; ++g) {
-            for (int64_t b = 0; b < nb; ++b) quantize_act(wa.type, heads + b * qd + g * gd, xq + b * ab, gd);
+            each_row(nb, [&](int64_t b0, int64_t b1) {
+                for (int64_t b = b0; b < b1; ++b) quantize_act(wa.type, heads + b * qd + g * gd, xq + b * ab, gd);
+            });
             const uint8_t* w = wa.data + g * rank * wa.row_stride();
             if (nb == 1) {
                 matvec(wa.type, w, rank, gd, xq, low + g * rank, pool_);
@@ -124,24 +126,32 @@ public:
         grow(flat_, nb * hd);
         grow(mix_, nb * mixn);
         const float* H = f32(a.H);
-        for (int64_t b = 0; b < nb; ++b) rms_norm_no_weight(flat_.data() + b * hd, H + b * hd, hd, a.rms_eps);
-        ds4::linear(*a.fn, flat_.data(), nb, mix_.data(), act_, pool_);
+        float* flat = flat_.data();
+        each_row(nb, [&](int64_t b0, int64_t b1) {
+            rms_norm_rows(flat + b0 * hd, H + b0 * hd, nullptr, b1 - b0, hd, a.rms_eps);
+        });
+        ds4::linear(*a.fn, flat, nb, mix_.data(), act_, pool_);
         float* split = f32(a.split);
         float* x = f32(a.x);
-        for (int64_t b = 0; b < nb; ++b) {
-            float* sp = split + b * mixn;
-            hc_split_sinkhorn(mix_.data() + b * mixn, a.scale->f32(), a.base->f32(), a.n_hc, a.sinkhorn_iters,
-                              a.hc_eps, sp);
-            hc_weighted_sum(x + b * E, H + b * hd, hc_split_pre(sp), E, a.n_hc);
-        }
+        const float* mix = mix_.data();
+        each_row(nb, [&](int64_t b0, int64_t b1) {
+            for (int64_t b = b0; b < b1; ++b) {
+                float* sp = split + b * mixn;
+                hc_split_sinkhorn(mix + b * mixn, a.scale->f32(), a.base->f32(), a.n_hc, a.sinkhorn_iters, a.hc_eps,
+                                  sp);
+                hc_weighted_sum(x + b * E, H + b * hd, hc_split_pre(sp), E, a.n_hc);
+            }
+        });
     }
 
     void hc_post(const HcPostArgs& a) override {
         const int64_t E = a.block.width(), hd = a.residual.width(), mixn = a.split.width();
-        for (int64_t b = 0; b < a.block.rows(); ++b) {
-            ds4::hc_post(f32(a.out) + b * hd, f32(a.block) + b * E, f32(a.residual) + b * hd, f32(a.split) + b * mixn,
-                         E, a.n_hc);
-        }
+        each_row(a.block.rows(), [&](int64_t b0, int64_t b1) {
+            for (int64_t b = b0; b < b1; ++b) {
+                ds4::hc_post(f32(a.out) + b * hd, f32(a.block) + b * E, f32(a.residual) + b * hd,
+                             f32(a.split) + b * mixn, E, a.n_hc);
+            }
+        });
     }
 
     void hc_collapse_norm(const HcCollapseNormArgs& a) override {
@@ -164,13 +174,18 @@ public:
     }
 
     void rope_tail(const RopeTailArgs& a) override {
-        for (int64_t b = 0; b < a.x.rows(); ++b) {
-            ds4::rope_tail(f32(a.x) + b * a.x.width(), a.n_head, a.head_dim, a.n_rot, a.pos0 + b, a.rope, a.inverse);
-        }
+        each_row(a.x.rows(), [&](int64_t b0, int64_t b1) {
+            for (int64_t b = b0; b < b1; ++b) {
+                ds4::rope_tail(f32(a.x) + b * a.x.width(), a.n_head, a.head_dim, a.n_rot, a.pos0 + b, a.rope,
+                               a.inverse);
+            }
+        });
     }
 
     void fp8_kv_roundtrip(const Fp8KvRoundtripArgs& a) override {
-        for (int64_t b = 0; b < a.x.rows(); ++b) ds4::fp8_kv_roundtrip(f32(a.x) + b * a.x.width(), a.head_dim, a.n_rot);
+        each_row(a.x.rows(), [&](int64_t b0, int64_t b1) {
+            for (int64_t b = b0; b < b1; ++b) ds4::fp8_kv_roundtrip(f32(a.x) + b * a.x.width(), a.head_dim, a.n_rot);
+        });
     }
 
     void store_row_f16(const StoreRowF16Args& a) override {
@@ -248,16 +263,20 @@ public:
     }
 
     void swiglu(const SwigluArgs& a) override {
-        const int64_t n = a.g.width() * a.g.rows();
-        ds4::swiglu(f32(a.out), f32(a.g), f32(a.u), n, a.clamp, a.scale);
+        const int64_t w = a.g.width();
+        each_row(a.g.rows(), [&](int64_t b0, int64_t b1) {
+            ds4::swiglu(f32(a.out) + b0 * w, f32(a.g) + b0 * w, f32(a.u) + b0 * w, (b1 - b0) * w, a.clamp, a.scale);
+        });
     }
 
     void add(const AddArgs& a) override {
-        const int64_t n = a.a.width() * a.a.rows();
+        const int64_t w = a.a.width();
         const float* x = f32(a.a);
         const float* y = f32(a.b);
         float* o = f32(a.out);
-        for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+        each_row(a.a.rows(), [&](int64_t b0, int64_t b1) {
+            for (int64_t i = b0 * w; i < b1 * w; ++i) o[i] = x[i] + y[i];
+        });
     }
 
     void fill(const FillArgs& a) override {
@@ -277,6 +296,13 @@ public:
     }
 
 private:
+    // Row-wise steps over a batch: tokens are independent, so they are split over the pool (the
+    // same bits for any split); a single token (decode) runs inline.
+    template <class Fn>
+    void each_row(int64_t rows, const Fn& fn) {
+        (pool_ ? *pool_ : ThreadPool::global()).parallel_for(rows, std::function<void(int64_t, int64_t)>(fn), 4);
+    }
+
     ThreadPool* pool_;
     ActBuffer act_, xq_, midq_;
     std::vector<float> flat_, mix_, grp_, tmp_, scores_, probs_, gate_, up_, mid_, down_;
