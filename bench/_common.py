@@ -56,19 +56,21 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer repeats and smaller shapes (smoke run)")
 
 
-def time_call(fn: Callable[[], object], repeats: int, warmup: int = 1, min_time: float = 0.0) -> list[float]:
+def time_call(fn: Callable[[], object], repeats: int, warmup: int = 1, min_time: float = 0.0,
+              clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """Seconds per call for `repeats` timed runs. A run loops fn until `min_time` has passed so
-    very short calls are not dominated by timer resolution."""
+    very short calls are not dominated by timer resolution. `clock`: time.process_time measures
+    the process's CPU time instead of wall time (steadier on a loaded machine)."""
     for _ in range(warmup):
         fn()
     out = []
     for _ in range(repeats):
         calls = 0
-        t0 = time.perf_counter()
+        t0 = clock()
         while True:
             fn()
             calls += 1
-            dt = time.perf_counter() - t0
+            dt = clock() - t0
             if dt >= min_time:
                 break
         out.append(dt / calls)

@@ -19,6 +19,9 @@ The baseline file is written by a quiet run (nothing else on the machine):
 The summary under the table checks the issue's goals: at full acceptance with N = 3 at least 1.8x
 plain decode, at zero acceptance (random drafts, with the back-off policy) at most 5% slower.
 The load average is recorded with the results: numbers from a loaded machine are not comparable.
+On a loaded machine, ``--clock cpu`` times everything in the process's CPU time (all threads)
+instead of wall time: slower cores still inflate it, but waiting for a core does not.
+``--probe`` sets the back-off's draft count after a miss (Speculator's ``probe``) for A/B runs.
 """
 
 from __future__ import annotations
@@ -42,23 +45,26 @@ from ds4.sampling import argmax  # noqa: E402
 from ds4.speculative import Speculator, greedy_cycle  # noqa: E402
 
 
+CLOCK = time.perf_counter   # time.process_time with --clock cpu
+
+
 def decode_plain(session, prompt, n):
     session.sync(prompt)
     out = []
-    t = time.perf_counter()
+    t = CLOCK()
     for _ in range(n):
         tok = argmax(session.logits)
         out.append(tok)
         session.eval(tok)
-    return out, time.perf_counter() - t
+    return out, CLOCK() - t
 
 
-def decode_spec(session, prompt, n, n_draft, draft, backoff=False):
+def decode_spec(session, prompt, n, n_draft, draft, backoff=False, probe=1):
     session.sync(prompt)
     out: list[int] = []
     drafted = accepted = 0
-    spec = Speculator(n_draft)
-    t = time.perf_counter()
+    spec = Speculator(n_draft, probe=probe)
+    t = CLOCK()
     while len(out) < n:
         first = argmax(session.logits)
         if backoff:   # the policy generate() uses: plain steps after misses
@@ -69,7 +75,7 @@ def decode_spec(session, prompt, n, n_draft, draft, backoff=False):
         out += cyc.committed
         drafted += cyc.drafted
         accepted += cyc.accepted
-    return out, time.perf_counter() - t, drafted, accepted
+    return out, CLOCK() - t, drafted, accepted
 
 
 def main(argv=None) -> None:
@@ -79,7 +85,11 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", type=int, default=48, help="tokens generated per run")
     p.add_argument("--drafts", default="1,2,3,4", help="draft lengths N")
     p.add_argument("--sources", default="oracle,random,mtp", help="draft sources to run")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time or process CPU time")
+    p.add_argument("--probe", type=int, default=1, help="back-off: drafts per attempt after a miss")
     args = p.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.quick:
         args.repeats, args.tokens = min(args.repeats, 2), min(args.tokens, 16)
     eng = ds4.Engine(ds4.testing.cached_model(args.model, mtp=True), threads=args.threads)
@@ -100,8 +110,8 @@ def main(argv=None) -> None:
     def restore_only():
         s.restore(snap)
 
-    base = np.median(time_call(restore_only, args.repeats, warmup=1))
-    dec = [t - base for t in time_call(step, args.repeats, warmup=1)]
+    base = np.median(time_call(restore_only, args.repeats, warmup=1, clock=CLOCK))
+    dec = [t - base for t in time_call(step, args.repeats, warmup=1, clock=CLOCK)]
     r = measure("decode_step", "ms", [x * 1e3 for x in dec])
     results.append(r)
     rows.append({"what": "decode step", "value": r.median, "unit": "ms", "_names": {"value": r.name}})
@@ -114,7 +124,7 @@ def main(argv=None) -> None:
             s.verify(toks)
             s.accept(k)
 
-        secs = [t - base for t in time_call(ver, args.repeats, warmup=1)]
+        secs = [t - base for t in time_call(ver, args.repeats, warmup=1, clock=CLOCK)]
         r = measure(f"verify_{k}_over_decode", "x", [x / float(np.median(dec)) for x in secs])
         results.append(r)
         rows.append({"what": f"verify {k} tokens / decode step", "value": r.median, "unit": "x",
@@ -146,7 +156,7 @@ def main(argv=None) -> None:
         if True:
             secs, acc = [], 0.0
             for _ in range(args.repeats):
-                out, dt, drafted, accepted = decode_spec(s, prompt, n, N, src, backoff)
+                out, dt, drafted, accepted = decode_spec(s, prompt, n, N, src, backoff, args.probe)
                 assert out[:n] == plain_out, f"{name} N={N}: speculative output differs from plain greedy"
                 secs.append(dt)
                 acc = accepted / max(drafted, 1)
@@ -156,9 +166,9 @@ def main(argv=None) -> None:
             rows.append({"what": f"{name} N={N}{' back-off' if backoff else ''} (accept {acc:.0%})", "value": r.median, "unit": "tok/s",
                          "x plain": r.median / plain_tps, "_names": {"value": r.name}})
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"model {args.model}, {eng.threads} threads, {n} tokens per run, depth {len(prompt)}, "
+    print(f"model {args.model}, {eng.threads} threads, {n} tokens per run, depth {len(prompt)}, {args.clock} time, "
           f"load average {load[0]:.1f}\n" if load else "\n")
-    report(results, machine_info(threads=eng.threads, model=args.model, load_average=load), args,
+    report(results, machine_info(threads=eng.threads, model=args.model, load_average=load, clock=args.clock), args,
            ["what", "value", "unit", "x plain"], rows)
     print()
     for line in goal_lines({r.name: r.median for r in results}, plain_tps):

@@ -70,3 +70,69 @@ def test_q8_0_extreme_codes_exact(wcode, xcode):
         np.testing.assert_array_equal(y.astype(np.float64), want, err_msg=f"path {path}")
         Y = _on(path, lambda: core.matmul(int(Q.Q8_0), raw, (n, rows), np.stack([x, -x, x, x, -x])))
         np.testing.assert_array_equal(Y.astype(np.float64), np.stack([want, -want, want, want, -want]), err_msg=path)
+
+
+# ---- Q8_0 small batches (matmul below the GEMM crossover: the prepared multi-activation kernel) ---
+
+
+def _q8_0_extreme_weights(n, rows, seed, mode, extreme_frac):
+    """Q8_0 weights of random_weights (any codes, scales of `mode`) with a fraction of the codes
+    set to the extremes -128 / -127 / 127, where an error in the u8 offset would show."""
+    raw = random_weights(Q.Q8_0, n, rows, seed, mode).reshape(-1, 34).copy()
+    rng = np.random.default_rng(seed + 1)
+    codes = raw[:, 2:].view(np.int8)
+    hit = rng.random(codes.shape) < extreme_frac
+    codes[hit] = rng.choice(np.array([-128, -127, 127], np.int8), size=int(hit.sum()))
+    return raw.reshape(-1)
+
+
+@given(data=st.data())
+def test_q8_0_small_batch_bit_identical_to_row_kernel(data):
+    """Every (row, token) of a small-batch matmul must be the avx512 row kernel's result to the bit
+    (x86_q8_0_n: same int32 block sums, same eight-lane float order) and the matvec of the same
+    path. Row lengths cover whole 16-block chunks, a trailing group of 8 and leftover blocks
+    (1..40 blocks); batches 1..9 cover one and two calls of up to 8 activations."""
+    nblk = data.draw(st.integers(1, 40))
+    n, rows = 32 * nblk, data.draw(st.integers(1, 9))
+    nb = data.draw(st.integers(1, 9))
+    mode = data.draw(st.sampled_from(("normal", "subnormal", "huge", "mixed", "zero_blocks")))
+    raw = _q8_0_extreme_weights(n, rows, data.draw(st.integers(0, 2**31)), mode, data.draw(st.sampled_from((0.0, 0.1, 1.0))))
+    X = activation(n, data.draw(st.integers(0, 2**32 - 1)), data.draw(st.sampled_from(ACT_PATTERNS)), batch=nb)
+    want = _on("avx512", lambda: core.matmul(int(Q.Q8_0), raw, (n, rows), X))
+    got = _on("avx512vnni", lambda: core.matmul(int(Q.Q8_0), raw, (n, rows), X))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    for b in range(nb):
+        y = _on("avx512vnni", lambda: core.matvec(int(Q.Q8_0), raw, (n, rows), X[b]))
+        np.testing.assert_array_equal(got[b].view(np.uint32), y.view(np.uint32))
+
+
+def test_q8_0_small_batch_check_sees_one_scale():
+    """The bitwise comparison above is not vacuous on realistic data: a one-ulp change of a single
+    block's f16 scale (in each position of the 16-block chunk, the 8-block group and the leftover
+    blocks) changes that row's output for the tokens, and the small-batch kernel follows it
+    exactly. So a kernel pairing any block with a wrong scale would fail the test above."""
+    n, rows, nb = 32 * 27, 3, 9  # 16 + 8 + 3 blocks
+    raw = _q8_0_extreme_weights(n, rows, 5, "normal", 0.1)
+    X = activation(n, 6, "normal", batch=nb)
+    base = _on("avx512vnni", lambda: core.matmul(int(Q.Q8_0), raw, (n, rows), X))
+    for blk in range(n // 32):
+        bad = raw.reshape(-1, 34).copy()
+        bad[n // 32 + blk, :2] = (bad[n // 32 + blk, :2].view(np.uint16) ^ np.uint16(1)).view(np.uint8)  # row 1
+        bad = bad.reshape(-1)
+        got = _on("avx512vnni", lambda: core.matmul(int(Q.Q8_0), bad, (n, rows), X))
+        want = _on("avx512", lambda: core.matmul(int(Q.Q8_0), bad, (n, rows), X))
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert (got[:, 1] != base[:, 1]).any(), f"block {blk}: one-ulp scale change invisible"
+        np.testing.assert_array_equal(got[:, [0, 2]], base[:, [0, 2]])
+
+
+@pytest.mark.parametrize("nb", [8, 9, 16, 17, 24])
+def test_q8_0_batches_around_the_crossovers_match_matvec(nb):
+    """Batches at the kernel's 8-activation step and at the switch to the GEMM (17 tokens, matvec.cpp):
+    every token's row equals matvec to the bit on either side."""
+    n, rows = 32 * 40, 21
+    raw = _q8_0_extreme_weights(n, rows, nb, "normal", 0.05)
+    X = activation(n, nb + 100, "normal", batch=nb)
+    Y = core.matmul(int(Q.Q8_0), raw, (n, rows), X)
+    for b in range(nb):
+        np.testing.assert_array_equal(Y[b].view(np.uint32), core.matvec(int(Q.Q8_0), raw, (n, rows), X[b]).view(np.uint32))

@@ -98,66 +98,200 @@ struct Iq2BlockVbmi {
     }
 };
 
-// ---- Q8_0 decode with the activation prepared once per matvec -----------------------------------
+// ---- Q8_0 with the activations prepared once per matvec / matmul ------------------------------
 // x86_q8_0_n forms each block's sum_i w_i x_i with vpdpbusd as (x + 128) * w minus a weight-side
-// correction 128 * sum w that it recomputes for every row and block (two extra operations per
-// 32 weights) and gathers the activation scales per group of eight blocks. With one activation
-// shared by all rows (matvec), the roles swap: the weight becomes the u8 operand (w ^ 0x80 =
-// w + 128) and the correction 128 * sum x depends on the activation only, so it is formed once:
-//   sum_i (w_i + 128) x_i - 128 sum_i x_i = sum_i w_i x_i   (exact int32; |lane| <= 4*255*128).
-// The prepared activation: nb blocks of 32 codes, then nb float scales, then nb int32 corrections.
-// Every block sum and float operation is that of x86_q8_0_n<1>: results are bit-identical.
+// correction 128 * sum w that it recomputes for every row and block, and reduces every block's
+// eight int32 lanes per activation (hsum8). With the activations shared by all rows, both costs
+// move to a once-per-call preparation:
+//   * the weight becomes the u8 operand (w ^ 0x80 = w + 128) and the correction -128 * sum x
+//     depends on the activation only:
+//       sum_i (w_i + 128) x_i - 128 sum_i x_i = sum_i w_i x_i   (exact int32; |lane| <= 8*4*255*128);
+//   * the activation codes are stored transposed per chunk of 16 blocks: vector v (64 bytes),
+//     lane L = codes 4v..4v+3 of block 16c + L. The kernel transposes the weight chunk the same
+//     way in registers (once per row, shared by every activation), so one zmm vpdpbusd per
+//     activation per 4 codes of 16 blocks leaves lane L holding block L's whole sum: no
+//     per-activation reduction at all. A remaining group of 8 blocks uses the 8-lane (ymm) form,
+//     fewer than 8 leftover blocks stay contiguous.
+// Prepared activation (q8_0_prep_bytes(n) = 40 * n/32 bytes): the codes as above, then nb float
+// scales, then nb int32 corrections -128 * sum(codes of the block), both in block order.
+// Every int32 block sum and every float operation is that of x86_q8_0_n<1> (lane j of the float
+// accumulator takes blocks 8g + j, then hsum_f32x8, then the leftover blocks in order): results
+// are bit-identical to it, for any number of activations. Decode (matvec, one activation) runs
+// the same kernel: CPU time per decode step as with the earlier contiguous-layout kernel (both
+// stream the weights at the read bandwidth); from 2 activations on it is cheaper than
+// x86_q8_0_n, from 4 up to 15 than the GEMM (docs/kernels.md, "Q8_0 small batches").
 int64_t q8_0_prep_bytes(int64_t n) { return (n / 32) * (32 + 4 + 4); }
 
 void q8_0_prepare(const void* xq, int64_t n, void* prep) {
-    const int64_t nb = n / 32;
+    const int64_t nb = n / 32, n16 = nb / 16 * 16, n8 = nb / 8 * 8;
     const uint8_t* x = static_cast<const uint8_t*>(xq);
     uint8_t* codes = static_cast<uint8_t*>(prep);
     float* scales = reinterpret_cast<float*>(codes + nb * 32);
     int32_t* corr = reinterpret_cast<int32_t*>(codes + nb * 36);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* xb = x + b * sizeof(BlockQ8_0Act);
-        std::memcpy(codes + 32 * b, xb + 4, 32);
+        // Chunk of 16 (or the group of 8 after the chunks): dword v of block b goes to lane b % width.
+        const int64_t width = b < n16 ? 16 : b < n8 ? 8 : 0;
+        if (width) {
+            const int64_t base = b < n16 ? b / 16 * 16 : n16;
+            for (int v = 0; v < 8; ++v) std::memcpy(codes + base * 32 + (v * width + (b - base)) * 4, xb + 4 + 4 * v, 4);
+        } else {
+            std::memcpy(codes + 32 * b, xb + 4, 32);
+        }
         scales[b] = load_f32(xb);
         int32_t sum = 0;
         for (int i = 0; i < 32; ++i) sum += (int8_t)xb[4 + i];
-        corr[b] = 128 * sum;
+        corr[b] = -128 * sum;
     }
 }
 
-// sum over lanes = (sum_i (w_i + 128) x_i) for one block
-static inline __m256i q8_0_prep_part(const uint8_t* wb, const uint8_t* xc) {
-    const __m256i wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2)),
-                                        _mm256_set1_epi8((char)0x80));
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc)));
+static inline __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
+// In-lane 4x4 dword transpose of a[0..3] (every 128-bit lane on its own): out[q] lane element i
+// = a[i] element q. Then + 128 on every byte (xor 0x80): the u8 operand of vpdpbusd.
+static inline void transpose4_flip(const __m512i* a, __m512i* out) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]), t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]), t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+    out[0] = _mm512_xor_si512(_mm512_unpacklo_epi64(t0, t2), flip);
+    out[1] = _mm512_xor_si512(_mm512_unpackhi_epi64(t0, t2), flip);
+    out[2] = _mm512_xor_si512(_mm512_unpacklo_epi64(t1, t3), flip);
+    out[3] = _mm512_xor_si512(_mm512_unpackhi_epi64(t1, t3), flip);
+}
+
+static inline void transpose4_flip(const __m256i* a, __m256i* out) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    out[0] = _mm256_xor_si256(_mm256_unpacklo_epi64(t0, t2), flip);
+    out[1] = _mm256_xor_si256(_mm256_unpackhi_epi64(t0, t2), flip);
+    out[2] = _mm256_xor_si256(_mm256_unpacklo_epi64(t1, t3), flip);
+    out[3] = _mm256_xor_si256(_mm256_unpackhi_epi64(t1, t3), flip);
+}
+
+// The 16 weight blocks at wb as eight u8 vectors in the prepared layout (vector v, lane L =
+// codes 4v..4v+3 of block L, + 128). 128-bit lane l of input i (i < 4) is half h of block 4l + i;
+// the in-lane transpose puts that block's dwords 4h..4h+3 into lane 4l + i of four vectors.
+static inline void q8_0_weights16(const uint8_t* wb, __m512i* wv) {
+    for (int h = 0; h < 2; ++h) {
+        __m512i a[4];
+        for (int i = 0; i < 4; ++i) {
+            const uint8_t* p = wb + i * 34 + 2 + 16 * h;
+            __m512i v = _mm512_castsi128_si512(load128(p));
+            v = _mm512_inserti32x4(v, load128(p + 4 * 34), 1);
+            v = _mm512_inserti32x4(v, load128(p + 8 * 34), 2);
+            a[i] = _mm512_inserti32x4(v, load128(p + 12 * 34), 3);
+        }
+        transpose4_flip(a, wv + 4 * h);
+    }
+}
+
+// The same for 8 blocks in ymm (lane L < 8).
+static inline void q8_0_weights8(const uint8_t* wb, __m256i* wv) {
+    for (int h = 0; h < 2; ++h) {
+        __m256i a[4];
+        for (int i = 0; i < 4; ++i) {
+            const uint8_t* p = wb + i * 34 + 2 + 16 * h;
+            a[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(load128(p)), load128(p + 4 * 34), 1);
+        }
+        transpose4_flip(a, wv + 4 * h);
+    }
+}
+
+// f16 scales of 16 consecutive blocks (4 bytes gathered at each block start: d plus two codes,
+// inside the block; vpmovdw keeps d).
+static inline __m512 q8_0_scales16(const uint8_t* wb) {
+    const __m512i ofs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(34));
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(ofs, wb, 1)));
+}
+
+static inline __m256 q8_0_scales8(const uint8_t* wb) {
+    const __m256i ofs = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
+    return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_i32gather_epi32(reinterpret_cast<const int*>(wb), ofs, 1)));
+}
+
+template <int NA>
+static void q8_0_prepared_n(const uint8_t* wp, const uint8_t* xp, int64_t xs, int64_t n, float* out) {
+    const int64_t nb = n / 32, n16 = nb / 16 * 16, n8 = nb / 8 * 8;
+    const uint8_t* codes[NA];
+    const float* xd[NA];
+    const int32_t* corr[NA];
+    for (int k = 0; k < NA; ++k) {
+        codes[k] = xp + k * xs;
+        xd[k] = reinterpret_cast<const float*>(codes[k] + nb * 32);
+        corr[k] = reinterpret_cast<const int32_t*>(codes[k] + nb * 36);
+    }
+    __m256 acc[NA];
+    for (int k = 0; k < NA; ++k) acc[k] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b < n16; b += 16) {
+        const uint8_t* wb = wp + b * 34;
+        __m512i wv[8];
+        q8_0_weights16(wb, wv);
+        const __m512 wd = q8_0_scales16(wb);
+        for (int k = 0; k < NA; ++k) {
+            const uint8_t* xc = codes[k] + b * 32;
+            __m512i isum = _mm512_loadu_si512(corr[k] + b);
+            for (int v = 0; v < 8; ++v) isum = _mm512_dpbusd_epi32(isum, wv[v], _mm512_loadu_si512(xc + 64 * v));
+            // Lane L: block b+L's term (wd*xd)*(float)isum; blocks b..b+7 are one group of the
+            // eight-lane order, b+8..b+15 the next, added in that order.
+            const __m512 term = _mm512_mul_ps(_mm512_mul_ps(wd, _mm512_loadu_ps(xd[k] + b)), _mm512_cvtepi32_ps(isum));
+            acc[k] = _mm256_add_ps(acc[k], _mm512_castps512_ps256(term));
+            acc[k] = _mm256_add_ps(acc[k], _mm512_extractf32x8_ps(term, 1));
+        }
+    }
+    if (b < n8) {
+        const uint8_t* wb = wp + b * 34;
+        __m256i wv[8];
+        q8_0_weights8(wb, wv);
+        const __m256 wd = q8_0_scales8(wb);
+        for (int k = 0; k < NA; ++k) {
+            const uint8_t* xc = codes[k] + b * 32;
+            __m256i isum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr[k] + b));
+            for (int v = 0; v < 8; ++v) {
+                isum = _mm256_dpbusd_epi32(isum, wv[v], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + 32 * v)));
+            }
+            const __m256 term = _mm256_mul_ps(_mm256_mul_ps(wd, _mm256_loadu_ps(xd[k] + b)), _mm256_cvtepi32_ps(isum));
+            acc[k] = _mm256_add_ps(acc[k], term);
+        }
+        b += 8;
+    }
+    float sum[NA];
+    for (int k = 0; k < NA; ++k) sum[k] = hsum_f32x8(acc[k]);
+    for (; b < nb; ++b) {
+        const uint8_t* wb = wp + b * 34;
+        const __m256i wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2)),
+                                            _mm256_set1_epi8((char)0x80));
+        const float wd = _cvtsh_ss(load_u16(wb));
+        for (int k = 0; k < NA; ++k) {
+            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes[k] + b * 32));
+            const int32_t isum = hsum_i32x8(_mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, x)) + corr[k][b];
+            sum[k] += (wd * xd[k][b]) * (float)isum;
+        }
+    }
+    for (int k = 0; k < NA; ++k) out[k] = sum[k];
 }
 
 float q8_0_dot_prepared(const void* w, const void* prep, int64_t n) {
-    const int64_t nb = n / 32;
+    float out;
+    q8_0_prepared_n<1>(static_cast<const uint8_t*>(w), static_cast<const uint8_t*>(prep), 0, n, &out);
+    return out;
+}
+
+void q8_0_dot_prepared_n(const void* w, const void* prep, int64_t stride, int na, int64_t n, float* out) {
     const uint8_t* wp = static_cast<const uint8_t*>(w);
-    const uint8_t* codes = static_cast<const uint8_t*>(prep);
-    const float* xd = reinterpret_cast<const float*>(codes + nb * 32);
-    const int32_t* corr = reinterpret_cast<const int32_t*>(codes + nb * 36);
-    __m256 acc = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        __m256i part[8];
-        for (int j = 0; j < 8; ++j) part[j] = q8_0_prep_part(wp + (b + j) * 34, codes + (b + j) * 32);
-        const __m256i wofs = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
-        const __m256 wdv = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(
-            _mm256_i32gather_epi32(reinterpret_cast<const int*>(wp + b * 34), wofs, 1)));
-        const __m256i isum = _mm256_sub_epi32(hsum8_i32x8(part),
-                                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + b)));
-        const __m256 scale = _mm256_mul_ps(wdv, _mm256_loadu_ps(xd + b));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(isum)));
+    const uint8_t* xp = static_cast<const uint8_t*>(prep);
+    switch (na) {
+        case 1: q8_0_prepared_n<1>(wp, xp, stride, n, out); return;
+        case 2: q8_0_prepared_n<2>(wp, xp, stride, n, out); return;
+        case 3: q8_0_prepared_n<3>(wp, xp, stride, n, out); return;
+        case 4: q8_0_prepared_n<4>(wp, xp, stride, n, out); return;
+        case 5: q8_0_prepared_n<5>(wp, xp, stride, n, out); return;
+        case 6: q8_0_prepared_n<6>(wp, xp, stride, n, out); return;
+        case 7: q8_0_prepared_n<7>(wp, xp, stride, n, out); return;
+        default: q8_0_prepared_n<8>(wp, xp, stride, n, out); return;
     }
-    float sum = hsum_f32x8(acc);
-    for (; b < nb; ++b) {
-        const uint8_t* wb = wp + b * 34;
-        const int32_t isum = hsum_i32x8(q8_0_prep_part(wb, codes + b * 32)) - corr[b];
-        sum += (_cvtsh_ss(load_u16(wb)) * xd[b]) * (float)isum;
-    }
-    return sum;
 }
 
 DotKernels make_avx512vnni_table() {
@@ -166,7 +300,7 @@ DotKernels make_avx512vnni_table() {
     // build); several use this build's vpdpwssd form (matmul b=512: 161 vs 149 GFLOP/s). Both
     // form the scalar int32 block sums and float expression, so they agree bit for bit.
     k.q4_k_n = DS4_X86_MULTI(x86_q4_k_n);
-    k.q8_0_prep = PreparedDot{q8_0_prep_bytes, q8_0_prepare, q8_0_dot_prepared};
+    k.q8_0_prep = PreparedDot{q8_0_prep_bytes, q8_0_prepare, q8_0_dot_prepared, q8_0_dot_prepared_n};
     k.iq2_xxs = x86_single<x86_iq2_xxs_n<Iq2BlockVbmi, 1>>;
     k.iq2_xxs_n = x86_multi<x86_iq2_xxs_n<Iq2BlockVbmi, 1>, x86_iq2_xxs_n<Iq2BlockVbmi, 2>,
                             x86_iq2_xxs_n<Iq2BlockVbmi, 3>, x86_iq2_xxs_n<Iq2BlockVbmi, 4>>;

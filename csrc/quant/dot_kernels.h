@@ -23,6 +23,10 @@ using DotNFn = void (*)(const void* w, const void* xq, int64_t x_stride, int na,
 using PrepBytesFn = int64_t (*)(int64_t n);
 using PrepFn = void (*)(const void* xq, int64_t n, void* prep);
 using DotPrepFn = float (*)(const void* w, const void* prep, int64_t n);
+// Small-batch form (matmul): one row against na (1..kPreparedMaxN) prepared activations
+// stride bytes apart, the row's bytes loaded once: out[k] == dot(w, prep + k*stride, n), bitwise.
+using DotPrepNFn = void (*)(const void* w, const void* prep, int64_t stride, int na, int64_t n, float* out);
+constexpr int kPreparedMaxN = 8;
 
 // Optional: `rows` consecutive rows (row_bytes apart) against one activation, out[r] = the DotFn
 // of row r, bit-identical. For short rows (routed experts: 1-8 blocks) a call per run of rows
@@ -33,6 +37,7 @@ struct PreparedDot {
     PrepBytesFn bytes = nullptr;  // nullptr: the table has no prepared form for this type
     PrepFn prepare = nullptr;
     DotPrepFn dot = nullptr;
+    DotPrepNFn dot_n = nullptr;  // nullptr: no small-batch form
 };
 
 struct DotKernels {

@@ -84,6 +84,8 @@ uint8_t* panel_scratch(size_t bytes) {
 int64_t gemm_min_tokens(GgmlType t) {
     // CPU time per token, 2048 x 4096, 2 threads (avx512vnni): the GEMM is ahead from 3-4 tokens
     // on Q8_0 / Q4_K / IQ2_XXS and from about 6 on Q2_K, whose panel takes the most gathers.
+    // (Dense Q8_0 matmul sends batches below 16 to the prepared small-batch kernel first,
+    // matvec.cpp; this value still decides Q8_0 routed experts.)
     return t == GgmlType::Q2_K ? 6 : 4;
 }
 

@@ -138,17 +138,23 @@ class Speculator:
     """Runs cycles for a decode loop and keeps the counts (``drafted``, ``accepted``).
 
     Back-off (this port's policy; upstream gates on the MTP logit margin instead): a cycle that
-    accepts nothing makes the next ``skip`` cycles plain one-token decodes, ``skip`` growing 4, 16,
-    64 (``max_skip``) while drafts keep missing and dropping to 0 on the first hit. A draft source
-    that never agrees then costs about one failed verification every ``max_skip`` tokens.
+    accepts nothing makes the next ``skip`` cycles plain one-token decodes, ``skip`` growing
+    ``first_skip``, then x ``growth`` up to ``max_skip`` (4, 16, 64) while drafts keep missing.
+    Until a draft is accepted (from the start, and again after every miss) a cycle is a probe
+    with ``probe`` drafts (1) instead of ``n``: a failed probe costs verify(2) instead of
+    verify(n+1). The first hit makes every cycle draft ``n``. A draft source that never agrees
+    then costs one failed two-token verification at tokens 0, 5, 22 and then every 65 tokens
+    (docs/speculative.md, "Policy", for the measured costs).
     """
 
-    def __init__(self, n: int, draft: DraftFn | None = None, max_skip: int = 64) -> None:
+    def __init__(self, n: int, draft: DraftFn | None = None, max_skip: int = 64, first_skip: int = 4,
+                 growth: int = 4, probe: int = 1) -> None:
         self.n = int(n)
         self.draft = draft
-        self.max_skip = int(max_skip)
+        self.max_skip, self.first_skip, self.growth, self.probe = int(max_skip), int(first_skip), int(growth), int(probe)
         self.drafted = self.accepted = 0
         self._skip = self._wait = 0
+        self._probing = True
 
     def cycle(self, session: "Session", first: int, params: SamplingParams | None = None,
               rng: Rng | None = None, stop: int | None = None) -> Cycle:
@@ -157,17 +163,20 @@ class Speculator:
             self._wait = max(0, self._wait - 1)
             session.eval(first)
             return Cycle((int(first),), 0, 0)
+        n = min(self.n, self.probe) if self._probing else self.n
         if params is not None and params.temperature > 0:
             if rng is None:
                 raise InvalidArgumentError("sampled speculation needs an Rng")
-            cyc = sampled_cycle(session, first, self.n, params, rng, stop=stop)
+            cyc = sampled_cycle(session, first, n, params, rng, stop=stop)
         else:
-            cyc = greedy_cycle(session, first, self.n, self.draft, stop)
+            cyc = greedy_cycle(session, first, n, self.draft, stop)
         self.drafted += cyc.drafted
         self.accepted += cyc.accepted
         if cyc.drafted and not cyc.accepted:
-            self._skip = min(self.max_skip, max(4, 4 * self._skip))
+            self._skip = min(self.max_skip, max(self.first_skip, self.growth * self._skip))
             self._wait = self._skip
+            self._probing = True
         elif cyc.accepted:
             self._skip = 0
+            self._probing = False
         return cyc

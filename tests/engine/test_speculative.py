@@ -21,7 +21,7 @@ import ds4
 import ds4.testing
 from ds4.errors import ContextOverflowError, InvalidArgumentError
 from ds4.sampling import Rng, SamplingParams, argmax
-from ds4.speculative import greedy_cycle, resolve_drafts, sampled_cycle
+from ds4.speculative import Speculator, greedy_cycle, resolve_drafts, sampled_cycle
 
 
 @pytest.fixture(scope="module", params=["tiny", "tiny-pro"])
@@ -227,6 +227,35 @@ def test_sampled_cycle_end_to_end(engine) -> None:
             s3.eval(t)
         first = cyc.next_token if cyc.next_token is not None else int(np.argmax(s2.logits))
     _same_state(s2, s3)
+
+
+def test_speculator_backoff_schedule(engine) -> None:
+    # The back-off policy on an injected source that misses until position 40, then agrees:
+    # after each miss 4, then 16 (max_skip here) plain steps; until the first hit every attempt
+    # is a probe with one draft, then n drafts; the output is plain greedy's throughout.
+    prompt = _prompt(21, 7)
+    ref = engine.session(ctx=256)
+    ref.sync(prompt)
+    oracle = []
+    for _ in range(100):
+        oracle.append(ref.argmax())
+        ref.eval(oracle[-1])
+    s = engine.session(ctx=256)
+    s.sync(prompt)
+    out: list[int] = []
+    asked: list[tuple[int, int]] = []
+
+    def source(sess, first, k):
+        asked.append((len(out), k))
+        cont = oracle[len(out) + 1: len(out) + 1 + k]
+        return cont if len(out) >= 40 else [(t + 1) % engine.shape.n_vocab for t in cont]
+
+    spec = Speculator(3, draft=source, max_skip=16)
+    while len(out) < 80:
+        out += spec.cycle(s, s.argmax()).committed
+    assert out == oracle[: len(out)]
+    assert asked[:7] == [(0, 1), (5, 1), (22, 1), (39, 1), (56, 1), (58, 3), (62, 3)]
+    assert spec.accepted == spec.drafted - 4   # all but the four missed probes
 
 
 # ---- exposure: generate() and the CLI ---------------------------------------------------------
