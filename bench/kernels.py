@@ -6,7 +6,8 @@ bandwidth, and matmul GFLOP/s next to numpy float32 `@` on the same shape.
 
 Shapes: a dense 4096 x 4096 matvec per weight type; a Flash-like routed expert tensor of 256
 experts x 2048 rows x 4096 (6 experts selected per call, a different set each call so the
-selected weights come from memory, not cache); matmul 4096 x 4096 at batch 64 and 512 next to the measured int8 dot peak (int8_peak below); routed
+selected weights come from memory, not cache; --expert-shapes picks others, e.g. the short rows of
+the `small` / `bench` models: 1024x512,512x1024,2048x256,256x2048); matmul 4096 x 4096 at batch 64 and 512 next to the measured int8 dot peak (int8_peak below); routed
 experts for a prefill batch (64 / 512 tokens x 6 of 256 experts), batched (matmul_experts) vs
 token by token (matvec_experts); F16/BF16 decode and small batches at the small model's F16
 shapes (section "half").
@@ -106,8 +107,31 @@ def bench_half(args, paths, results, rows_out):
             del copies
 
 
+def expert_shapes(spec: str, quick: bool) -> list[tuple[int, int, int]]:
+    """(n, rows, n_expert) per comma item 'NxROWS' or 'NxROWSxEXPERTS'. Without EXPERTS the count
+    is chosen so the tensor is ~256 MiB (32 MiB with --quick): larger than the caches, so the
+    selected experts stream from memory as in decode."""
+    out = []
+    for item in spec.split(","):
+        parts = [int(v) for v in item.lower().split("x")]
+        n, rows = parts[0], parts[1]
+        if len(parts) > 2:
+            n_expert = parts[2]
+        else:
+            per_expert = rows * n // 256 * 84  # Q2_K (the largest of the 2-bit types) bytes
+            n_expert = max(8, ((32 if quick else 256) << 20) // per_expert)
+        out.append((n, rows, n_expert))
+    return out
+
+
 def bench_experts(args, paths, copy_gbs, results, rows_out):
-    n, rows, n_expert, k = 4096, 2048, (32 if args.quick else 256), 6
+    spec = args.expert_shapes or f"4096x2048x{32 if args.quick else 256}"
+    for n, rows, n_expert in expert_shapes(spec, args.quick):
+        _bench_experts_shape(args, paths, copy_gbs, results, rows_out, n, rows, n_expert)
+
+
+def _bench_experts_shape(args, paths, copy_gbs, results, rows_out, n, rows, n_expert):
+    k = 6
     rng = np.random.default_rng(2)
     x = rng.standard_normal(n).astype(np.float32)
     id_sets = [rng.choice(n_expert, size=k, replace=False).astype(np.int32) for _ in range(64)]
@@ -222,6 +246,10 @@ def main(argv=None) -> None:
     add_common_args(p)
     p.add_argument("--paths", default="active", help="'active', 'all' or a comma list (scalar,avx2,avx512)")
     p.add_argument("--only", default="dense,experts,half,matmul,experts_prefill", help="comma list of sections to run")
+    p.add_argument("--expert-shapes", default="",
+                   help="routed-expert matvec shapes, comma list of NxROWS[xEXPERTS] (row length x rows per "
+                        "expert; default 4096x2048x256, Flash-like; the `small` model's are 1024x512,512x1024, "
+                        "`bench`'s 2048x256,256x2048)")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats = min(args.repeats, 3)

@@ -2,21 +2,24 @@
 
     PYTHONPATH=python python bench/sampling.py
     PYTHONPATH=python python bench/sampling.py --quick --json /tmp/sampling.json
-    PYTHONPATH=python python bench/sampling.py --baseline /tmp/sampling.json
+    PYTHONPATH=python python bench/sampling.py --sampler-threads 2 --baseline /tmp/sampling.json
 
-Two logit shapes: ``peaked`` (a few dozen strong candidates over a N(0, 2) floor, like a language
-model's next-token logits) and ``flat`` (N(0, 3): many tokens survive min-p, the worst case for
-the walks). Each figure is one ``sample()`` call including parameter handling and the RNG draw.
-Target (issue 14): every setting at most 0.1 ms on one core. The costliest are the settings whose
-result depends on every token's weight (min_p 0, or top_p < 1): every token's weight rounded into
-the exact sequential float32 sum a binade at a time (docs/sampling.md), and for top_p < 1 with
-min_p 0 on flat logits a sort of the few thousand tokens the top-p mass needs.
+Three logit shapes: ``peaked`` (a few dozen strong candidates over a N(0, 2) floor, like a language
+model's next-token logits), ``flat`` (N(0, 3): many tokens survive min-p, the worst case for the
+walks) and ``equal`` (every logit the same: ties everywhere, every token survives every filter).
+Per setting: ``C++`` the sampler alone (``Sampler::sample`` in a C++ loop, median wall time),
+``C++ cpu`` the same call's thread CPU time (steadier on a loaded machine), ``python`` one
+``ds4.sampling.sample()`` call (argument checks, knob normalisation, RNG state in and out) and
+``probs`` one C++ ``probabilities()`` call (what speculative sampling uses). Target (issue 14):
+every setting at most 0.1 ms. ``--sampler-threads 2`` lets the whole-vocabulary passes use the
+global pool (docs/sampling.md); the default is one thread.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +27,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "python"))
-from _common import Result, add_common_args, machine_info, measure, report, time_call  # noqa: E402
+from _common import Result, add_common_args, machine_info, measure, report  # noqa: E402
 
-from ds4.sampling import Rng, argmax, sample, top_logprobs  # noqa: E402
+from ds4 import _core  # noqa: E402
+from ds4.sampling import Rng, argmax, sample, set_sampler_threads, top_logprobs  # noqa: E402
 
 N_VOCAB = 129280
 
@@ -37,48 +41,103 @@ CASES = [
     ("min_p 0", dict(min_p=0.0)),
     ("top_p .9", dict(top_p=0.9)),
     ("top_p .9, min_p 0", dict(top_p=0.9, min_p=0.0)),
+    ("top_p .5, min_p 0", dict(top_p=0.5, min_p=0.0)),
     ("top_k 40", dict(top_k=40)),
+    ("top_k 1024", dict(top_k=1024)),
     ("top_k 1024, top_p .95", dict(top_k=1024, top_p=0.95)),
+    ("top_k 100000 (clamped to 1024), min_p 0", dict(top_k=100000, min_p=0.0)),
+    ("T .05, top_p .9, min_p 0", dict(temperature=0.05, top_p=0.9, min_p=0.0)),
+    ("T 100, min_p 0", dict(temperature=100.0, min_p=0.0)),
+    ("T 100 (top_p 1, min_p .05)", dict(temperature=100.0)),
+    ("T 100, top_p .9, min_p 0", dict(temperature=100.0, top_p=0.9, min_p=0.0)),
 ]
+PROBS_CASES = {"default (T1, top_p 1, min_p .05)", "min_p 0", "top_p .9, min_p 0", "top_k 40",
+               "T 100, top_p .9, min_p 0"}
+KNOBS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.05)
 
 
 def logits_of(kind: str, seed: int = 0) -> np.ndarray:
     g = np.random.default_rng(seed)
     if kind == "flat":
         return g.normal(0, 3, N_VOCAB).astype(np.float32)
+    if kind == "equal":
+        return np.full(N_VOCAB, 1.5, dtype=np.float32)
     base = g.normal(0, 2, N_VOCAB)
     strong = g.choice(N_VOCAB, 40, replace=False)
     base[strong] += g.uniform(6, 14, 40)
     return base.astype(np.float32)
 
 
+def core_us(lg, kw, reps: int, probabilities: bool = False) -> tuple[list[float], list[float]]:
+    """Per-call wall and thread-CPU microseconds of the C++ sampler, `reps` calls in a C++ loop."""
+    k = {**KNOBS, **kw}
+    if not k["temperature"] > 0:   # greedy: the Python API's argmax, there is no C++ draw to time
+        k["temperature"] = 0.0
+    pairs = _core._time_sampler(lg, k["temperature"], k["top_k"], k["top_p"], k["min_p"], reps, probabilities)
+    return [w / 1e3 for w, _ in pairs], [c / 1e3 for _, c in pairs]
+
+
+def per_call_us(fn, reps: int) -> list[float]:
+    """Wall microseconds of `reps` single calls, each timed alone (as the C++ loop times them: a
+    loaded machine preempts long loops, which would charge other processes' time to the call)."""
+    for _ in range(3):
+        fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - t0) / 1e3)
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
+    p.add_argument("--sampler-threads", type=int, default=1, help="threads for the sampler's vocabulary passes")
+    p.add_argument("--kinds", default="peaked,flat,equal", help="logit shapes, comma-separated")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats = min(args.repeats, 3)
+    set_sampler_threads(args.sampler_threads)
+    reps = 40 if args.quick else 200
     results: list[Result] = []
     rows: list[dict] = []
-    for kind in ("peaked", "flat"):
+    for kind in args.kinds.split(","):
         lg = logits_of(kind)
         for label, kw in CASES:
+            row = {"logits": kind, "case": label, "_names": {}}
+            core_us(lg, kw, 5)   # warm the scratch buffers
+            wall, cpu = core_us(lg, kw, reps)
+            for col, vals in (("C++", wall), ("C++ cpu", cpu)):
+                name = f"sample/{kind}/{label}/{col}"
+                r = measure(name, "us", vals)
+                results.append(r)
+                row[col] = r.median
+                row["_names"][col] = name
             rng = Rng(1)
-            secs = time_call(lambda: sample(lg, rng=rng, **kw), args.repeats, warmup=3, min_time=0.05)
-            name = f"sample/{kind}/{label}"
-            r = measure(name, "us", [s * 1e6 for s in secs])
+            name = f"sample/{kind}/{label}"   # the name earlier baselines used for the Python call
+            r = measure(name, "us", per_call_us(lambda: sample(lg, rng=rng, **kw), reps))
             results.append(r)
-            rows.append({"logits": kind, "case": label, "us/token": r.median, "spread": f"{r.min:.3g}-{r.max:.3g}",
-                         "_names": {"us/token": name}})
+            row["python"] = r.median
+            row["_names"]["python"] = name
+            if label in PROBS_CASES:
+                wall, _ = core_us(lg, kw, max(reps // 4, 10), probabilities=True)
+                name = f"probabilities/{kind}/{label}"
+                r = measure(name, "us", wall)
+                results.append(r)
+                row["probs"] = r.median
+                row["_names"]["probs"] = name
+            rows.append(row)
         for label, fn in (("argmax", lambda: argmax(lg)), ("top_logprobs k=20", lambda: top_logprobs(lg, 20))):
-            secs = time_call(fn, args.repeats, warmup=3, min_time=0.05)
             name = f"{label}/{kind}"
-            r = measure(name, "us", [s * 1e6 for s in secs])
+            r = measure(name, "us", per_call_us(fn, max(reps // 4, 10)))
             results.append(r)
-            rows.append({"logits": kind, "case": label, "us/token": r.median, "spread": f"{r.min:.3g}-{r.max:.3g}",
-                         "_names": {"us/token": name}})
-    print(f"vocabulary {N_VOCAB}, numpy {np.__version__}, 1 thread\n")
-    report(results, machine_info(threads=1, n_vocab=N_VOCAB), args, ["logits", "case", "us/token", "spread"], rows)
+            rows.append({"logits": kind, "case": label, "python": r.median, "_names": {"python": name}})
+    worst = max((r for r in results if r.name.endswith("/C++")), key=lambda r: r.median)
+    print(f"vocabulary {N_VOCAB}, numpy {np.__version__}, sampler threads {args.sampler_threads}; "
+          f"slowest C++ setting: {worst.name} {worst.median:.1f} us (median of {reps})\n")
+    report(results, machine_info(threads=args.sampler_threads, n_vocab=N_VOCAB), args,
+           ["logits", "case", "C++", "C++ cpu", "python", "probs"], rows)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from ds4.sampling import (
     argmax,
     argmax_excluding,
     log_softmax,
+    probabilities,
     sample,
     token_logprob,
     top_logprobs,
@@ -357,7 +358,9 @@ def _plain_walk(w, total, rng):
     return int(hit[0]) if hit.size else None
 
 
-def plain_sample(logits, temperature, top_k, top_p, min_p, rng):
+def _plain_kept(logits, temperature, top_k, top_p, min_p):
+    """What one draw picks from: ("pick", id) when no draw happens, else ("walk", ids, weights,
+    their sequential sum, the pick when the walk runs off the end)."""
     lg = np.asarray(logits, dtype=np.float32)
     t, top_p, min_p = F(temperature), F(top_p), F(min_p)
 
@@ -367,14 +370,14 @@ def plain_sample(logits, temperature, top_k, top_p, min_p, rng):
         return i if clean[i] > F(-1e30) else 0
 
     if not t > 0:
-        return amax()
+        return ("pick", amax())
     if not (top_p > 0 and top_p <= 1):
         top_p = F(1)
     if min_p < 0:
         min_p = F(0)
     fin = np.flatnonzero(np.isfinite(lg))
     if fin.size == 0:
-        return amax()
+        return ("pick", amax())
     order = fin[np.argsort(-lg[fin], kind="stable")]  # logit desc, index asc
     if top_k <= 0:
         m = lg[order[0]]
@@ -385,22 +388,19 @@ def plain_sample(logits, temperature, top_k, top_p, min_p, rng):
             idx, w = fin[keep], p[keep]
             s = _plain_seq(w)[-1] if w.size else F(0)
             if not (s > 0 and np.isfinite(s)):
-                return best
-            hit = _plain_walk(w, s, rng)
-            return best if hit is None else int(idx[hit])
+                return ("pick", best)
+            return ("walk", idx, w, s, best)
         s = _plain_seq(p)[-1]
         if not (s > 0 and np.isfinite(s)):
-            return best
+            return ("pick", best)
         cand = order
         w = _plain_expf((lg[cand] - m) / t)
-        fallback = best
     else:
         cand = order[: min(top_k, 1024, lg.size)]
         w = _plain_expf((lg[cand] - lg[cand[0]]) / t)
         s = _plain_seq(w)[-1]
-        fallback = int(cand[0])
         if not (s > 0 and np.isfinite(s)):
-            return fallback
+            return ("pick", int(cand[0]))
     min_prob = F(F(w[0] / s) * min_p)
     run = _plain_seq(w)
     n = w.size
@@ -411,8 +411,28 @@ def plain_sample(logits, temperature, top_k, top_p, min_p, rng):
     if reached.size:
         n = min(n, int(reached[0]) + 1)
     kept_w = w[:n]
-    hit = _plain_walk(kept_w, _plain_seq(kept_w)[-1], rng)
-    return int(cand[hit]) if hit is not None else int(cand[n - 1])
+    return ("walk", cand[:n], kept_w, _plain_seq(kept_w)[-1], int(cand[n - 1]))
+
+
+def plain_sample(logits, temperature, top_k, top_p, min_p, rng):
+    kept = _plain_kept(logits, temperature, top_k, top_p, min_p)
+    if kept[0] == "pick":
+        return kept[1]
+    _, ids, w, s, fallback = kept
+    hit = _plain_walk(w, s, rng)
+    return fallback if hit is None else int(ids[hit])
+
+
+def plain_probabilities(logits, temperature, top_k, top_p, min_p):
+    """Each kept token's weight over the kept sum, float32(float64(w) * (1 / float64(sum)))."""
+    out = np.zeros(np.asarray(logits).size, dtype=np.float32)
+    kept = _plain_kept(logits, temperature, top_k, top_p, min_p)
+    if kept[0] == "pick":
+        out[kept[1]] = 1
+        return out
+    _, ids, w, s, _ = kept
+    out[ids] = (w.astype(np.float64) * (1.0 / float(s))).astype(np.float32)
+    return out
 
 
 @given(st.lists(_logit, min_size=1, max_size=7), _params, st.integers(0, 2**64 - 1))
@@ -435,6 +455,20 @@ def _vocab_logits(seed, n, kind):
         x = np.round(g.normal(0, 2, n) * 2) / 2
     elif kind == "heavy":
         x = g.standard_cauchy(n)
+    elif kind == "equal":  # one value: every token ties, every filter keeps all or none
+        x = np.full(n, g.normal(0, 3))
+    elif kind == "few":  # a handful of distinct values: huge tie runs of different weights
+        x = g.choice(g.normal(0, 2, 5), n)
+    elif kind == "denormal":  # logits around the denormal range: differences round, ties by -0/+0
+        x = g.normal(0, 1, n) * 1e-39
+        x[g.random(n) < 0.1] = -0.0
+        x[g.random(n) < 0.1] = 0.0
+    elif kind == "tinyrange":  # weights all within a few ulps of 1
+        x = g.normal(0, 1e-6, n)
+    elif kind == "sparse":  # nearly every logit -inf or NaN: fewer finite tokens than top_k asks
+        x = np.full(n, -np.inf)
+        x[g.random(n) < 0.3] = np.nan
+        x[g.integers(0, n, 12)] = g.normal(0, 2, 12)
     else:  # non-finite entries: -inf, NaN and sometimes +inf among normal logits
         x = g.normal(0, 3, n)
         u = g.random(n)
@@ -474,6 +508,61 @@ def test_min_p_at_a_weight_boundary(seed, top_p, which):
     for mp in (w, np.nextafter(w, F(0)), np.nextafter(w, F(1))):
         a, b = Rng(seed), Rng(seed)
         assert sample(logits, 1.0, 0, top_p, float(mp), a) == plain_sample(logits, 1.0, 0, top_p, float(mp), b)
+
+
+# ---- a wide seeded sweep: the fast paths against the plain reference ----------------------------
+#
+# Every logit shape above (ties, equal, few values, denormals, +-inf and NaN, heavy tails) with
+# temperatures from 0.05 to 100 (100 makes every weight near 1: the sorted prefixes span most of the
+# vocabulary), top_k 0..1024, top_p 0.1..1 and min_p 0..1 incl. a denormal. Picks and RNG states
+# must equal plain_sample's, probabilities() must equal plain_probabilities' bit for bit; with one
+# sampler thread and with two (the pool path of the whole-vocabulary total must not change a bit).
+
+_SWEEP_KINDS = ["flat", "peaked", "ties", "heavy", "nonfinite", "equal", "few", "denormal", "tinyrange", "sparse"]
+
+
+def _sweep_cases(seed, count):
+    g = np.random.default_rng(seed)
+    for i in range(count):
+        kind = _SWEEP_KINDS[i % len(_SWEEP_KINDS)]
+        n = int(g.choice([129280, 20000, 3001, 200]))
+        t = float(g.choice([0.05, 0.25, 1.0, 1.5, 100.0]))
+        k = int(g.choice([0, 0, 0, 1, 40, 1024]))
+        p = float(g.choice([1.0, 1.0, 0.99, 0.9, 0.5, 0.1]))
+        mp = float(g.choice([0.05, 0.0, 0.0, 0.2, 1e-4, 1e-30, 1.0, 1e-45]))
+        if t == 100.0 and p < 1 and k == 0 and kind in ("flat", "peaked", "heavy", "nonfinite"):
+            n = min(n, 20000)   # a sort of nearly every token: milliseconds per call at 129,280
+        yield int(g.integers(0, 2**32)), kind, n, t, k, p, mp
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sweep_equals_plain_reference(threads):
+    from ds4.sampling import set_sampler_threads
+
+    set_sampler_threads(threads)
+    assert _core().sampling_threads() == threads
+    try:
+        for i, (seed, kind, n, t, k, p, mp) in enumerate(_sweep_cases(1400 + threads, 200)):
+            logits = _vocab_logits(seed, n, kind)
+            case = (seed, kind, n, t, k, p, mp)
+            for draw in range(2):
+                a, b = Rng(seed + draw), Rng(seed + draw)
+                assert sample(logits, t, k, p, mp, a) == plain_sample(logits, t, k, p, mp, b), case
+                assert a.state == b.state, case
+            if i % 2 == 0:
+                got = probabilities(logits, t, k, p, mp)
+                want = plain_probabilities(logits, t, k, p, mp)
+                assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), case
+    finally:
+        set_sampler_threads(1)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_set_sampler_threads_refuses_non_positive_integers(bad):
+    from ds4.sampling import set_sampler_threads
+
+    with pytest.raises(InvalidArgumentError, match="n"):
+        set_sampler_threads(bad)
 
 
 # ---- the fast paths' building blocks -------------------------------------------------------------

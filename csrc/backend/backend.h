@@ -60,6 +60,9 @@ public:
     virtual void indexer_scores(const IndexerScoresArgs& a) = 0;
     virtual void top_k_mask(const TopKMaskArgs& a) = 0;
     virtual void attention(const AttentionArgs& a) = 0;
+    // Backends whose supports(Op::AttentionBlock) is false never get this call (the graph then
+    // runs Attention token by token).
+    virtual void attention_block(const AttentionBlockArgs& a) = 0;
     virtual void router(const RouterArgs& a) = 0;
     virtual void routed_experts(const RoutedExpertsArgs& a) = 0;
     virtual void swiglu(const SwigluArgs& a) = 0;

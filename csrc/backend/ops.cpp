@@ -22,6 +22,7 @@ const char* op_name(Op op) {
         case Op::IndexerScores: return "indexer_scores";
         case Op::TopKMask: return "top_k_mask";
         case Op::Attention: return "attention";
+        case Op::AttentionBlock: return "attention_block";
         case Op::Router: return "router";
         case Op::RoutedExperts: return "routed_experts";
         case Op::Swiglu: return "swiglu";

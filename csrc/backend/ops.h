@@ -39,6 +39,7 @@ enum class Op : int {
     IndexerScores,     // indexer query prep (RoPE, Hadamard, FP4, weight scale) + scores of every row
     TopKMask,          // top-k of the scores (score desc, index asc) as a 0/1 mask
     Attention,         // raw window + compressed rows (optionally masked) with sinks, per head
+    AttentionBlock,    // Attention for several consecutive query tokens at once (prefill)
     Router,            // sqrt-softplus probs, hash or biased top-k selection, normalised weights
     RoutedExperts,     // gate/up -> SwiGLU(clamp) * route weight -> down, summed over the slots
     Swiglu,            // silu(min(g,c)) * clamp(u,-c,c) * scale (shared expert)
@@ -191,6 +192,28 @@ struct AttentionArgs {
     const TensorRef* sinks;      // F32 [n_head]
     int64_t n_head, head_dim;
     Tensor out;                  // one row of n_head * head_dim
+};
+
+// Attention for nq consecutive tokens at positions p0.., as if each ran Attention right after its own
+// raw row was pushed: query j sees the newest min(raw_cap, n_raw + j + 1) positions up to p0 + j,
+// oldest first (the ring's rows for positions before p0, then fresh rows 0..j), then the first
+// n_comp[j] compressed rows (those allowed by mask row j from query mask_first on). The ring is not written: the graph pushes the
+// fresh rows after the op (a block may be longer than the ring). Each query's result is what
+// Attention computes for it, bit for bit on the CPU backend (docs/kernels.md "Attention").
+struct AttentionBlockArgs {
+    Tensor q;                    // nq rows of n_head * head_dim (RoPE'd)
+    Tensor raw;                  // ring of raw_cap rows of head_dim, as it was before the block
+    int64_t raw_cap, n_raw;      // n_raw: live rows before the block
+    int64_t raw_first;           // ring slot of the oldest live row (before the block)
+    Tensor fresh;                // nq rows of head_dim: the block's own rows, already f16-rounded
+    Tensor comp;                 // compressed rows (at least n_comp[nq-1]), unused when they are all 0
+    const int64_t* n_comp;       // host, nq non-decreasing counts
+    Tensor mask;                 // U8 nq rows of mask_stride (>= n_comp[j]), or empty: all visible
+    int64_t mask_stride;
+    int64_t mask_first;          // queries before it see every compressed row (the indexer not yet on)
+    const TensorRef* sinks;      // F32 [n_head]
+    int64_t n_head, head_dim;
+    Tensor out;                  // nq rows of n_head * head_dim
 };
 
 struct RouterArgs {

@@ -339,6 +339,43 @@ void init_backend_ops(py::module_& m) {
                 return h.out(to);
             });
         })
+        .def("attention_block", [](OpHarness& h, F32Array q, F32Array raw, int64_t n_raw, int64_t raw_first,
+                                   F32Array fresh, F32Array comp, std::vector<int64_t> n_comp,
+                                   std::optional<py::array_t<uint8_t, py::array::c_style | py::array::forcecast>> mask,
+                                   F32Array sinks, int64_t n_head, int64_t head_dim, int64_t mask_first) {
+            return h.call([&] {
+                Tensor tq = h.in(q, n_head * head_dim), tr = h.in(raw, head_dim), tf = h.in(fresh, head_dim);
+                Tensor tc = h.in(comp, head_dim);
+                const int64_t nq = tq.rows();
+                if (nq < 1 || tf.rows() != nq || (int64_t)n_comp.size() != nq || n_raw < 0 || n_raw > tr.rows() ||
+                    raw_first < 0 || raw_first >= tr.rows() || mask_first < 0 || mask_first > nq) {
+                    fail(ErrorKind::InvalidArgument, "attention_block: q, fresh and n_comp need one entry per "
+                                                     "query, and the ring a consistent live window");
+                }
+                for (size_t j = 0; j < n_comp.size(); ++j) {
+                    const int64_t c = n_comp[j];
+                    if (c < 0 || c > tc.rows() || (j && c < n_comp[j - 1])) {
+                        fail(ErrorKind::InvalidArgument,
+                             "attention_block: n_comp must be non-decreasing within the rows given");
+                    }
+                }
+                Tensor tm;
+                int64_t stride = 0;
+                if (mask) {
+                    stride = mask->ndim() == 2 ? (int64_t)mask->shape(1) : 0;
+                    if (mask->ndim() != 2 || (int64_t)mask->shape(0) != nq || stride < n_comp.back()) {
+                        fail(ErrorKind::InvalidArgument,
+                             "attention_block: mask must be nq rows of at least n_comp[-1] flags");
+                    }
+                    tm = h.alloc(DType::U8, std::max<int64_t>(1, stride), nq);
+                    if (stride) h.st().upload(tm, mask->data(), (uint64_t)(stride * nq));
+                }
+                Tensor to = h.alloc(DType::F32, n_head * head_dim, nq);
+                h.st().attention_block({tq, tr, tr.rows(), n_raw, raw_first, tf, tc, n_comp.data(), tm, stride,
+                                        mask_first, h.f32_weight(sinks), n_head, head_dim, to});
+                return h.out(to);
+            });
+        })
         .def("router", [](OpHarness& h, F32Array logits, std::vector<int32_t> tokens, std::optional<F32Array> bias,
                           std::optional<I32Array> hash, int n_used, float scale) {
             return h.call([&] {

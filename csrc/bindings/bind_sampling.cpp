@@ -4,7 +4,13 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <pybind11/stl.h>
+
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
+#include <vector>
 #include <utility>
 
 #include "sampling/binade_sum.h"
@@ -80,6 +86,37 @@ void init_sampling(py::module_& m) {
               return out;
           }, py::arg("x"));
     m.def("_approx_weight_rel", []() { return ds4::kApproxWeightRel; });
+    m.def("set_sampling_threads", &ds4::set_sampling_threads, py::arg("n"),
+          "let the sampler split its whole-vocabulary passes over the global pool (1: one thread)");
+    m.def("sampling_threads", &ds4::sampling_threads);
+    // Timing for bench/sampling.py: `reps` calls of the C++ sampler (or probabilities) on the same
+    // logits; returns (wall ns, thread CPU ns) per call.
+    m.def("_time_sampler",
+          [](const Logits& logits, float t, long long k, float p, float mp, int reps, bool probs) {
+              const float* a = logits.data();
+              const int64_t n = logits.size();
+              const ds4::SamplerParams sp = params(t, k, p, mp);
+              std::vector<float> out(probs ? (size_t)n : 0);
+              std::vector<std::pair<int64_t, int64_t>> r;
+              {
+                  py::gil_scoped_release nogil;
+                  uint64_t state = 1;
+                  for (int i = 0; i < reps; ++i) {
+                      timespec c0, c1;
+                      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+                      const auto w0 = std::chrono::steady_clock::now();
+                      if (probs) thread_sampler().probabilities(a, n, sp, out.data());
+                      else thread_sampler().sample(a, n, sp, state);
+                      const auto w1 = std::chrono::steady_clock::now();
+                      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+                      r.emplace_back(std::chrono::duration_cast<std::chrono::nanoseconds>(w1 - w0).count(),
+                                     (c1.tv_sec - c0.tv_sec) * 1000000000LL + (c1.tv_nsec - c0.tv_nsec));
+                  }
+              }
+              return r;
+          },
+          py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
+          py::arg("reps"), py::arg("probabilities") = false);
     m.def("argmax", [](const Logits& logits) { return ds4::argmax_logits(logits.data(), logits.size()); },
           py::arg("logits"));
 }

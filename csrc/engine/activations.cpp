@@ -55,7 +55,7 @@ void Activations::ensure(backend::Backend& be, const Shape& s, int64_t nb, int64
     if (comp_cap > comp_rows || !index_scores) {
         comp_rows = std::max(comp_cap, comp_rows);
         make(index_scores, be, comp_rows + 1, 1);
-        make(index_mask, be, comp_rows + 1, 1, DType::U8);
+        make(index_mask, be, comp_rows + 1, kAttnBlock, DType::U8);
     }
 }
 

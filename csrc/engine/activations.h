@@ -9,6 +9,10 @@
 namespace ds4 {
 
 struct Activations {
+    // Prefill attention runs in blocks of this many query tokens (engine/forward.cpp): each has its
+    // own indexer keep-mask row.
+    static constexpr int64_t kAttnBlock = 16;
+
     int64_t rows = 0;                      // batch capacity
     int64_t comp_rows = 0;                 // compressed-row capacity (indexer scores and mask)
 
@@ -28,8 +32,8 @@ struct Activations {
     backend::OwnedTensor shared_gate, shared_up, shared_mid, shared_out, ffn_out;
     // The output head's input (one row per token: a verification pass runs the head on each).
     backend::OwnedTensor head_in;
-    // One token at a time: a closed compressor window's row, indexer scores and keep-mask, and
-    // the MTP block's embedding.
+    // One token at a time: a closed compressor window's row, indexer scores and the MTP block's
+    // embedding; keep-masks: kAttnBlock rows (one per query of an attention block).
     backend::OwnedTensor comp_row, index_scores, index_mask, mtp_embed;
 
     // Grows the tensors for a batch of nb tokens and comp_rows compressed rows.

@@ -131,11 +131,10 @@ void attention_layer(const ForwardContext& fc, const LayerWeights& L, KvState& k
     LayerKv& C = kv.layer(il);
     const CompressorLane attn_lane{L.comp, C.attn_state_kv, C.attn_state_score, D, true};
     const CompressorLane index_lane{L.indexer.comp, C.index_state_kv, C.index_state_score, I, false};
-    for (int64_t b = 0; b < nb; ++b) {
-        if (b % kCancelTokenGroup == kCancelTokenGroup - 1) poll_cancel();   // engine/cancel.h
+    // The cache work of token b before its attention: its compressor lanes, then the indexer's
+    // keep-mask over the rows it can see (written to `mask`, left empty when every row is visible).
+    auto compress_and_index = [&](int64_t b, const Tensor& mask_row, Tensor& mask) {
         const int64_t pos = pos0 + b;
-        st.store_row_f16({A.kv_row->row(b), kv.push_raw_slot(il)});
-        Tensor mask;
         if (ratio != 0) {
             compressor_token(fc, s, attn_lane, ratio, rope, comp_kv.row(b), comp_score.row(b), pos,
                              [&] { return kv.push_comp_slot(il); },
@@ -149,15 +148,45 @@ void attention_layer(const ForwardContext& fc, const LayerWeights& L, KvState& k
                 if (!need_indexer) fail(ErrorKind::InvalidArgument, "internal: indexer inputs were not prepared");
                 const int64_t n = C.n_index_comp;
                 const Tensor scores = A.index_scores->span(0, n);
-                mask = A.index_mask->span(0, n);
+                mask = mask_row.span(0, n);
                 st.indexer_scores({A.index_q->row(b), A.index_w->row(b), *C.index_comp, n, s.indexer_heads, I, s.n_rot,
                                    pos, rope, scores});
                 st.top_k_mask({scores, n, s.indexer_top_k, mask});
             }
         }
-        st.attention({A.q->row(b), *C.raw, kv.raw_cap, C.n_raw, C.raw_first(kv.raw_cap),
-                      ratio != 0 ? *C.comp : Tensor{}, ratio != 0 ? C.n_comp : 0, mask, &w.attn_sinks, s.n_head, D,
-                      A.heads->row(b)});
+    };
+    const Tensor comp_rows = ratio != 0 ? *C.comp : Tensor{};
+    if (nb > 1 && fc.model.backend().supports(backend::Op::AttentionBlock, GgmlType::F32)) {
+        // Prefill: blocks of queries share each K/V row load (backend AttentionBlock). A block's own
+        // rows are read from kv_row (f16-rounded in place, as the ring stores them) and pushed onto
+        // the ring after its attention, so the ring still holds what the block's first query sees.
+        st.store_row_f16({rows_of(A.kv_row, nb), rows_of(A.kv_row, nb)});
+        for (int64_t b0 = 0; b0 < nb; b0 += Activations::kAttnBlock) {
+            const int64_t n = std::min(Activations::kAttnBlock, nb - b0);
+            int64_t n_comp[Activations::kAttnBlock];
+            int64_t mask_first = n;   // the indexer starts masking at most once: never again unmasked
+            for (int64_t k = 0; k < n; ++k) {
+                if ((b0 + k) % kCancelTokenGroup == kCancelTokenGroup - 1) poll_cancel();   // engine/cancel.h
+                Tensor mask;
+                compress_and_index(b0 + k, A.index_mask->row(k), mask);
+                n_comp[k] = ratio != 0 ? C.n_comp : 0;
+                if (mask && mask_first == n) mask_first = k;
+            }
+            st.attention_block({A.q->rows(b0, n), *C.raw, kv.raw_cap, C.n_raw, C.raw_first(kv.raw_cap),
+                                A.kv_row->rows(b0, n), comp_rows, n_comp,
+                                mask_first < n ? A.index_mask->rows(0, n) : Tensor{}, A.index_mask->width(),
+                                mask_first, &w.attn_sinks, s.n_head, D, A.heads->rows(b0, n)});
+            for (int64_t k = 0; k < n; ++k) st.store_row_f16({A.kv_row->row(b0 + k), kv.push_raw_slot(il)});
+        }
+    } else {
+        for (int64_t b = 0; b < nb; ++b) {
+            if (b % kCancelTokenGroup == kCancelTokenGroup - 1) poll_cancel();   // engine/cancel.h
+            st.store_row_f16({A.kv_row->row(b), kv.push_raw_slot(il)});
+            Tensor mask;
+            compress_and_index(b, A.index_mask->row(0), mask);
+            st.attention({A.q->row(b), *C.raw, kv.raw_cap, C.n_raw, C.raw_first(kv.raw_cap), comp_rows,
+                          ratio != 0 ? C.n_comp : 0, mask, &w.attn_sinks, s.n_head, D, A.heads->row(b)});
+        }
     }
     st.rope_tail({rows_of(A.heads, nb), s.n_head, D, s.n_rot, pos0, rope, true});
 

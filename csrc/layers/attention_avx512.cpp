@@ -6,6 +6,7 @@
 namespace {
 using AccVec = __m512;
 constexpr int kAccLanes = 16;
+constexpr int kAccRegs = 32;                        // vector registers of the ISA
 inline AccVec acc_zero() { return _mm512_setzero_ps(); }
 inline AccVec acc_load(const float* p) { return _mm512_loadu_ps(p); }
 inline void acc_store(float* p, AccVec v) { _mm512_storeu_ps(p, v); }
@@ -23,5 +24,9 @@ void attend_heads_avx512(const AttentionInputs& in, const AttentionRows& rows, f
 }
 void lanes_row_dots_avx512(const float* const* qs, int64_t nq, const float* row, int64_t n, float* out) {
     row_dots_any(qs, nq, row, n, out, 1);
+}
+void attend_queries_avx512(const float* const* q, float* const* out, int64_t nq, const float* sinks, int64_t head_dim,
+                         const QueryBlockRows& rows, float* scratch, int64_t h0, int64_t h1) {
+    attend_queries_impl(q, out, nq, sinks, head_dim, rows, scratch, h0, h1);
 }
 }  // namespace ds4

@@ -9,6 +9,7 @@
 
 #include "quant/dot_kernels.h"
 #include "quant/formats.h"
+#include "quant/iq2xxs_codes.h"
 #include "quant/iq2xxs_tables.h"
 
 namespace ds4::quant {
@@ -17,82 +18,74 @@ namespace {
 #include "quant/dot_avx512_common.inc"
 
 // ---- IQ2_XXS with VBMI byte shuffles instead of gathers ----------------------------------------
-// Every byte of the IQ2_XXS grid is 8, 25 or 43, so a grid row is eight 2-bit codes: the 256-row
-// table shrinks to 256 u16 (512 bytes, eight zmm registers). Per 256-weight block the 32 grid
-// indices are looked up 32 at a time with vpermi2w (64 entries per lookup, the index's top two
-// bits pick one of four), each code word is copied into its own qword, vpmultishiftqb moves code
-// j into the low bits of byte j, and vpermb maps the code to the grid byte. This replaces four
-// 8-lane gathers per block (slow on Zen 4 and Ice Lake); the products and int32 sums are those of
-// Iq2BlockAvx512, so the block sums, and with them the results, are unchanged.
-
-struct Iq2GridCodes {
-    uint16_t v[256];
-    constexpr Iq2GridCodes() : v() {
-        for (int i = 0; i < 256; ++i) {
-            uint16_t c = 0;
-            for (int j = 0; j < 8; ++j) {
-                const unsigned byte = (unsigned)(kIq2xxsGrid[i] >> (8 * j)) & 0xFF;
-                c |= (uint16_t)((byte == 8 ? 0 : byte == 25 ? 1 : 2) << (2 * j));
-            }
-            v[i] = c;
-        }
-    }
-};
-alignas(64) static constexpr Iq2GridCodes kIq2GridCodes{};
+// Every byte of the IQ2_XXS grid is 8, 25 or 43, so a grid row is eight 2-bit codes (16 bits,
+// iq2xxs_codes.h). Per 256-weight block, with the 64 bytes of qs in one register (qword ib = grid
+// index dword, sign/scale dword of sub-block ib):
+//  * codes: every byte of qs indexes the low-code and high-code byte tables (two 128-entry vpermi2b
+//    each, bit 7 picks; the bytes of the sign words look up garbage that is never used);
+//  * per 64 weights (sub-blocks 2p, 2p+1: eight groups) one vpermi2b puts group g's low and high
+//    code bytes into bytes 0 and 1 of qword g, vpmultishiftqb moves code j into the low bits of
+//    byte j, and vpermb maps the code (its low 2 bits) to the grid byte;
+//  * signs: the eight sign words side by side (vpermd), vpmultishiftqb spreads their 7-bit fields
+//    to bytes, a 128-entry vpermi2b maps them to the kIq2Ksigns sign bytes: the 256 bit masks.
+// This replaces four 8-lane gathers per block (slow on Zen 4 and Ice Lake); the products and int32
+// sums are those of Iq2BlockAvx512, so the block sums, and with them the results, are unchanged.
 
 // Per-block constants of Iq2BlockVbmi, loaded from memory (cheaper than rebuilding them per block).
 struct alignas(64) Iq2VbmiConsts {
-    uint16_t spread[4][32];  // vpermw index: qword q of vector p <- code word 8p + q
+    uint8_t spread[4][64];      // vpermi2b (lo, hi): qword g of vector p <- lo, hi code of group 8p + g
     uint16_t scale_sel[4][32];  // vpermw index: scale of sub-block 2p (low half), 2p+1 (high half)
-    constexpr Iq2VbmiConsts() : spread(), scale_sel() {
+    uint32_t sign_words[16];    // vpermd index: the eight sign/scale dwords (odd dwords of qs)
+    constexpr Iq2VbmiConsts() : spread(), scale_sel(), sign_words() {
         for (int p = 0; p < 4; ++p) {
-            for (int w = 0; w < 32; ++w) {
-                spread[p][w] = (uint16_t)(8 * p + w / 4);
-                scale_sel[p][w] = (uint16_t)(w < 16 ? 4 * p : 4 * p + 2);
+            for (int i = 0; i < 64; ++i) {
+                const int g = i / 8, at = 8 * (2 * p + g / 4) + g % 4;  // group's index byte in qs
+                spread[p][i] = (uint8_t)(i % 8 == 0 ? at : i % 8 == 1 ? 64 + at : 0);
             }
+            for (int w = 0; w < 32; ++w) scale_sel[p][w] = (uint16_t)(w < 16 ? 4 * p : 4 * p + 2);
         }
+        for (int i = 0; i < 16; ++i) sign_words[i] = (uint32_t)(2 * (i % 8) + 1);
     }
 };
 alignas(64) static constexpr Iq2VbmiConsts kIq2Vbmi{};
 
+static inline __m512i ld64(const void* p) { return _mm512_load_si512(p); }
+
+// 64 byte lookups in a 256-byte table (two 128-entry vpermi2b, index bit 7 picks).
+static inline __m512i lookup256(const uint8_t* tab, __m512i idx, __mmask64 bit7) {
+    const __m512i a = _mm512_permutex2var_epi8(ld64(tab), idx, ld64(tab + 64));
+    const __m512i b = _mm512_permutex2var_epi8(ld64(tab + 128), idx, ld64(tab + 192));
+    return _mm512_mask_blend_epi8(bit7, a, b);
+}
+
 struct Iq2BlockVbmi {
     template <int NA>
     static inline void block(const uint8_t* qs, const uint8_t* q8, int64_t xs, __m256i* out) {
-        const __m512i* tab = reinterpret_cast<const __m512i*>(kIq2GridCodes.v);
-        __m256i gidx, sw;  // the 32 grid index bytes in (sub-block, group) order; sign/scale words
-        iq2xxs_split_words(qs, &gidx, &sw);
-        // Grid codes: four 64-entry lookups, the index's bits 6 and 7 pick the right one.
-        const __m512i idx = _mm512_cvtepu8_epi16(gidx);
-        const __m512i c0 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 0), idx, _mm512_load_si512(tab + 1));
-        const __m512i c1 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 2), idx, _mm512_load_si512(tab + 3));
-        const __m512i c2 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 4), idx, _mm512_load_si512(tab + 5));
-        const __m512i c3 = _mm512_permutex2var_epi16(_mm512_load_si512(tab + 6), idx, _mm512_load_si512(tab + 7));
-        const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
-        const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
-        const __m512i codes = _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, c0, c1),
-                                                      _mm512_mask_blend_epi16(b6, c2, c3));
-        // Signs: the four 7-bit fields of each sign word to bytes (vpmultishiftqb at bits 0, 7,
-        // 14, 21; bit 7 of each byte is ignored by the 128-entry vpermi2b), then the sign byte of
-        // each group from the 128-byte table. The 32 sign bytes in (sub-block, group) order are the
-        // bit masks of the 256 elements: qword p = elements 64p .. 64p+63.
-        const __m512i sfield = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x150E0700LL), _mm512_cvtepu32_epi64(sw));
-        const __m512i sbytes = _mm512_permutex2var_epi8(
-            _mm512_load_si512(kIq2Ksigns), _mm512_castsi256_si512(_mm512_cvtepi64_epi32(sfield)),
-            _mm512_load_si512(kIq2Ksigns + 64));
+        const __m512i raw = _mm512_loadu_si512(qs);
+        const __mmask64 bit7 = _mm512_movepi8_mask(raw);
+        const __m512i lo = lookup256(kIq2GridCodes.lo, raw, bit7), hi = lookup256(kIq2GridCodes.hi, raw, bit7);
+        // the eight sign/scale words in the low 256 bits, sub-block order
+        const __m512i sw = _mm512_permutexvar_epi32(ld64(kIq2Vbmi.sign_words), raw);
+        // Signs: the four 7-bit fields of each sign word to bytes (vpmultishiftqb at bits 0, 7, 14,
+        // 21 of each dword; bit 7 of each byte is ignored by the 128-entry vpermi2b), then the sign
+        // byte of each group. The 32 sign bytes in (sub-block, group) order are the bit masks of the
+        // 256 elements: qword p = elements 64p .. 64p+63.
+        const __m512i sfield = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x352E2720150E0700LL), sw);
+        const __m512i sbytes = _mm512_permutex2var_epi8(ld64(kIq2Ksigns), sfield, ld64(kIq2Ksigns + 64));
         alignas(32) uint64_t masks[4];
         _mm256_store_si256(reinterpret_cast<__m256i*>(masks), _mm512_castsi512_si256(sbytes));
-        // (2*ls + 1) per sub-block as int32 (word 2 ib holds sub-block ib's)
-        const __m512i scales = _mm512_zextsi256_si512(
-            _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(sw, 28), 1), _mm256_set1_epi32(1)));
+        // (2*ls + 1) per sub-block as int32 (word 2 ib holds sub-block ib's): bit 0 of sw >> 27 is
+        // bit 27 of sw, replaced by the + 1.
+        const __m512i scales = _mm512_or_si512(_mm512_srli_epi32(sw, 27), _mm512_set1_epi32(1));
         // byte j of a qword <- bits 2j.. of the qword (only the low two bits are used by vpermb)
         const __m512i shifts = _mm512_set1_epi64(0x0E0C0A0806040200LL);
         const __m512i lut = _mm512_set1_epi32(0x002B1908);  // code 0, 1, 2 -> 8, 25, 43
         __m512i acc[NA];
         for (int k = 0; k < NA; ++k) acc[k] = _mm512_setzero_si512();
         for (int p = 0; p < 4; ++p) {
-            const __m512i spread = _mm512_permutexvar_epi16(_mm512_load_si512(kIq2Vbmi.spread[p]), codes);
+            const __m512i spread = _mm512_permutex2var_epi8(lo, ld64(kIq2Vbmi.spread[p]), hi);
             const __m512i grid = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shifts, spread), lut);
-            const __m512i scale = _mm512_permutexvar_epi16(_mm512_load_si512(kIq2Vbmi.scale_sel[p]), scales);
+            const __m512i scale = _mm512_permutexvar_epi16(ld64(kIq2Vbmi.scale_sel[p]), scales);
             const __mmask64 neg = _cvtu64_mask64(masks[p]);
             for (int k = 0; k < NA; ++k) {
                 const __m512i a = _mm512_loadu_si512(q8 + k * xs + 64 * p);
@@ -311,6 +304,7 @@ DotKernels make_avx512vnni_table() {
     k.iq2_xxs = x86_single<x86_iq2_xxs_n<Iq2BlockVbmi, 1>>;
     k.iq2_xxs_n = x86_multi<x86_iq2_xxs_n<Iq2BlockVbmi, 1>, x86_iq2_xxs_n<Iq2BlockVbmi, 2>,
                             x86_iq2_xxs_n<Iq2BlockVbmi, 3>, x86_iq2_xxs_n<Iq2BlockVbmi, 4>>;
+    k.iq2_xxs_rows = x86_iq2_xxs_rows<Iq2BlockVbmi>;
     return k;
 }
 }  // namespace

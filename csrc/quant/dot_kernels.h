@@ -28,6 +28,11 @@ using DotPrepFn = float (*)(const void* w, const void* prep, int64_t n);
 using DotPrepNFn = void (*)(const void* w, const void* prep, int64_t stride, int na, int64_t n, float* out);
 constexpr int kPreparedMaxN = 8;
 
+// Optional: `rows` consecutive rows (row_bytes apart) against one activation, out[r] = the DotFn
+// of row r, bit-identical. For short rows (routed experts: 1-8 blocks) a call per run of rows
+// shares the per-call setup and the horizontal sums between rows.
+using DotRowsFn = void (*)(const void* w, int64_t row_bytes, int64_t rows, const void* xq, int64_t n, float* out);
+
 struct PreparedDot {
     PrepBytesFn bytes = nullptr;  // nullptr: the table has no prepared form for this type
     PrepFn prepare = nullptr;
@@ -59,6 +64,9 @@ struct DotKernels {
     // Optional register-tiled F16/BF16 blocks (nullptr: the row kernels run).
     HalfBlockFn f16_block = nullptr;
     HalfBlockFn bf16_block = nullptr;
+    // Optional several-rows forms for matvec (nullptr: one DotFn call per row).
+    DotRowsFn q2_k_rows = nullptr;
+    DotRowsFn iq2_xxs_rows = nullptr;
 };
 
 const DotKernels& scalar_kernels();
@@ -75,5 +83,6 @@ const DotKernels& active_kernels();   // simd.cpp: the table of the current path
 DotFn dot_fn(const DotKernels& k, GgmlType t);  // throws Unsupported for non-weight types
 DotNFn dot_n_fn(const DotKernels& k, GgmlType t);  // nullptr when the table has none for t
 PreparedDot prepared_dot(const DotKernels& k, GgmlType t);  // members nullptr when none for t
+DotRowsFn dot_rows_fn(const DotKernels& k, GgmlType t);  // nullptr when the table has none for t
 
 }  // namespace ds4::quant

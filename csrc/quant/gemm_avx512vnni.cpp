@@ -20,6 +20,7 @@
 
 #include "quant/formats.h"
 #include "quant/gemm.h"
+#include "quant/iq2xxs_codes.h"
 #include "quant/iq2xxs_tables.h"
 
 namespace ds4::quant {
@@ -47,9 +48,11 @@ size_t panel_bytes(GgmlType t, int64_t n) {
 }
 
 // ---- panel decoding (once per row group) -------------------------------------------------------
-// Vectorised across the 16 rows: lane r gathers its dword from row r (row_bytes apart), so each
-// gathered vector is already one panel vector (rows in lanes); lanes past nrows are masked off
-// and read as zero.
+// Q2_K and IQ2_XXS load each row's block contiguously (16 rows x 64 bytes) and transpose the
+// 16 x 16 dwords in registers, so vector j holds dword j of every row (rows in lanes), the layout
+// the panel wants; the 16-lane gathers this replaces (one per dword) dominated the decode. Q8_0,
+// Q4_K and the few per-block scalars left still gather: lane r reads its dword from row r
+// (row_bytes apart). Lanes past nrows are masked off and read as zero either way.
 
 struct RowGather {
     __m512i idx;
@@ -63,6 +66,38 @@ struct RowGather {
         return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, block0 + off, 1);
     }
 };
+
+// v[r] = the dwords of row r at p + r * row_bytes selected by `dwords` (others zero), rows >= nrows zero.
+inline void load_rows(const GemmGroup& g, const uint8_t* p, __mmask16 dwords, __m512i* v) {
+    for (int r = 0; r < 16; ++r)
+        v[r] = r < g.nrows ? _mm512_maskz_loadu_epi32(dwords, p + r * g.row_bytes) : _mm512_setzero_si512();
+}
+
+// In place: v[j] lane r <- v[r] lane j (16 x 16 dwords). Unpacks of dword then qword pairs leave
+// u[4q + c] with column 4L + c of rows 4q..4q+3 in 128-bit lane L; two rounds of 128-bit lane
+// shuffles then collect the four row quartets of each column.
+inline void transpose_16x16(__m512i* v) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    for (int q = 0; q < 4; ++q) {
+        u[4 * q + 0] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+        u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+        const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
+        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+        const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+        v[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+        v[8 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+        v[4 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+        v[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+    }
+}
 
 inline void vst(uint8_t* p, __m512i v) { _mm512_store_si512(reinterpret_cast<void*>(p), v); }
 inline __m512 f16_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
@@ -81,17 +116,22 @@ void decode_q8_0(const GemmGroup& g) {
 }
 
 void decode_q2_k(const GemmGroup& g) {
-    const RowGather rows(g);
     const __m512i m3 = _mm512_set1_epi32(0x03030303), m15 = _mm512_set1_epi32(15);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ2K);
         uint8_t* pb = g.panel + b * kQ2KBlk;
-        __m512i sc4[4];  // scales[4q .. 4q+3] of every row
-        for (int q = 0; q < 4; ++q) sc4[q] = rows.at(blk, 4 * q);
+        // Dwords 0..15 of the 84-byte block (scales[16], qs[0..47]) and 16..20 (qs[48..63], d|dmin).
+        __m512i lo[16], hi[16];
+        load_rows(g, blk, 0xFFFF, lo);
+        load_rows(g, blk + 64, 0x1F, hi);
+        transpose_16x16(lo);
+        transpose_16x16(hi);
+        const __m512i* sc4 = lo;  // sc4[q]: scales[4q .. 4q+3] of every row
         // k = 128h + 32j + l: bits 2j of qs[32h + l]; sub-block scale index 8h + 2j + l/16.
         for (int h = 0; h < 2; ++h) {
             for (int m = 0; m < 8; ++m) {
-                const __m512i v = rows.at(blk, 16 + 32 * h + 4 * m);
+                const int qd = 8 * h + m;  // dword of qs
+                const __m512i v = qd < 12 ? lo[4 + qd] : hi[qd - 12];
                 for (int j = 0; j < 4; ++j) {
                     const int i = 8 * h + 2 * j + (m >> 2);
                     const __m512i sc = _mm512_and_si512(byte_of(sc4[i >> 2], i & 3), m15);
@@ -102,11 +142,11 @@ void decode_q2_k(const GemmGroup& g) {
             }
         }
         for (int p = 0; p < 8; ++p) {
-            const __m512i lo = _mm512_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1)), 4);
-            const __m512i hi = _mm512_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1) + 1), 4);
-            vst(pb + kCodes256 + p * kVec, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            const __m512i lo4 = _mm512_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1)), 4);
+            const __m512i hi4 = _mm512_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1) + 1), 4);
+            vst(pb + kCodes256 + p * kVec, _mm512_or_si512(lo4, _mm512_slli_epi32(hi4, 16)));
         }
-        const __m512i dd = rows.at(blk, 80);
+        const __m512i dd = hi[4];
         _mm512_store_ps(pb + kCodes256 + 8 * kVec, f16_lo(dd));
         _mm512_store_ps(pb + kCodes256 + 9 * kVec, f16_hi(dd));
     }
@@ -149,43 +189,69 @@ void decode_q4_k(const GemmGroup& g) {
     }
 }
 
-// Four 4-bit sign nibbles -> byte masks: bit j of x (j < 4) -> 0xFF in byte j, else 0x00.
-inline __m512i nibble_to_byte_mask(__m512i x) {
-    const __m512i spread = _mm512_or_si512(_mm512_or_si512(x, _mm512_slli_epi32(x, 7)),
-                                           _mm512_or_si512(_mm512_slli_epi32(x, 14), _mm512_slli_epi32(x, 21)));
-    return _mm512_sub_epi8(_mm512_setzero_si512(), _mm512_and_si512(spread, _mm512_set1_epi32(0x01010101)));
+// IQ2_XXS without gathers: after the transpose, vector 2ib holds the four grid indices of
+// sub-block ib of every row (byte 4r + l: group l of row r) and vector 2ib+1 the sign/scale words.
+//  * codes: each index byte looks up its grid row's 2-bit codes (iq2xxs_codes.h), the low byte
+//    (elements 0..3) and high byte (4..7) separately: two 128-entry vpermi2b each, bit 7 picks;
+//  * signs: vpmultishiftqb spreads the four 7-bit fields of each sign word to bytes and a 128-entry
+//    vpermi2b maps them to the kIq2Ksigns sign bytes (bit 7: parity), byte 4r + l again;
+//  * one panel vector (group l, half) then needs in byte b of lane r code b and sign bit 4*half + b
+//    of row r's group l. Rows 2q and 2q+1 share qword q, so vpmultishiftqb picks both straight out
+//    of the code and sign vectors: code bits to bits 0..1, the sign bit to bit 2 (a rotate by 2
+//    bits less), a bit select joins them, and vpermb maps the 3-bit (sign, code) to the stored byte
+//    (code value, negated when the sign is set) + 128 (the old sub/xor sequence, the same bytes).
+struct Iq2PanelConsts {
+    int8_t sign_field[64];   // vpmultishiftqb: byte 4r + l of a qword pair <- 7-bit field l
+    int8_t code_pick[4][64];  // per group l: byte b of each dword <- code b (bits 8l + 2b)
+    int8_t sign_pick[8][64];  // per (l, half): bit 2 of byte b <- sign bit 8l + 4 half + b
+    uint8_t value[64];       // (sign, code) in bits 2, 1..0 -> stored byte
+    constexpr Iq2PanelConsts() : sign_field(), code_pick(), sign_pick(), value() {
+        const int grid[4] = {8, 25, 43, 0};
+        for (int i = 0; i < 64; ++i) {
+            const int dword = (i & 7) >> 2, b = i & 3;  // position inside the qword
+            sign_field[i] = (int8_t)(32 * dword + 7 * b);
+            for (int l = 0; l < 4; ++l) {
+                code_pick[l][i] = (int8_t)(32 * dword + 8 * l + 2 * b);
+                for (int half = 0; half < 2; ++half)
+                    sign_pick[2 * l + half][i] = (int8_t)((32 * dword + 8 * l + 4 * half + b - 2) & 63);
+            }
+            const int g = grid[i & 3];
+            value[i] = (uint8_t)((i & 4) ? 128 - g : 128 + g);
+        }
+    }
+};
+alignas(64) constexpr Iq2PanelConsts kIq2Panel{};
+
+inline __m512i ld64(const void* p) { return _mm512_load_si512(p); }
+
+// 64 byte lookups in a 256-byte table (two 128-entry vpermi2b, index bit 7 picks).
+inline __m512i lookup256(const uint8_t* tab, __m512i idx, __mmask64 bit7) {
+    const __m512i a = _mm512_permutex2var_epi8(ld64(tab), idx, ld64(tab + 64));
+    const __m512i b = _mm512_permutex2var_epi8(ld64(tab + 128), idx, ld64(tab + 192));
+    return _mm512_mask_blend_epi8(bit7, a, b);
 }
 
 void decode_iq2_xxs(const GemmGroup& g) {
     const RowGather rows(g);
-    const long long* grid = reinterpret_cast<const long long*>(kIq2xxsGrid);
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
+    const __m512i m3 = _mm512_set1_epi8(3);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockIQ2XXS);
         uint8_t* pb = g.panel + b * kIq2Blk;
+        __m512i v[16];  // the 64 bytes of qs: (grid-index word, sign/scale word) per sub-block
+        load_rows(g, blk + 2, 0xFFFF, v);
+        transpose_16x16(v);
         for (int ib = 0; ib < 8; ++ib) {
-            const __m512i a = rows.at(blk, 2 + 8 * ib), sw = rows.at(blk, 6 + 8 * ib);
-            // The four 8-bit sign patterns: 7 stored bits each, bit 7 = parity of the 7 (even
-            // number of negatives per group of 8), as kIq2Ksigns tabulates.
+            const __m512i a = v[2 * ib], sw = v[2 * ib + 1];
+            const __mmask64 bit7 = _mm512_movepi8_mask(a);
+            const __m512i codes[2] = {lookup256(kIq2GridCodes.lo, a, bit7), lookup256(kIq2GridCodes.hi, a, bit7)};
+            const __m512i signs = _mm512_permutex2var_epi8(
+                ld64(kIq2Ksigns), _mm512_multishift_epi64_epi8(ld64(kIq2Panel.sign_field), sw), ld64(kIq2Ksigns + 64));
             for (int l = 0; l < 4; ++l) {
-                const __m512i s7 = _mm512_and_si512(_mm512_srli_epi32(sw, 7 * l), _mm512_set1_epi32(127));
-                __m512i par = _mm512_xor_si512(s7, _mm512_srli_epi32(s7, 4));
-                par = _mm512_xor_si512(par, _mm512_srli_epi32(par, 2));
-                par = _mm512_and_si512(_mm512_xor_si512(par, _mm512_srli_epi32(par, 1)), _mm512_set1_epi32(1));
-                const __m512i s8 = _mm512_or_si512(s7, _mm512_slli_epi32(par, 7));
-                // Whole 8-byte grid rows, 8 rows per gather (half the gathered elements of two
-                // dword gathers), then split into the low and high dwords of rows 0..15.
-                const __m512i gi = byte_of(a, l);
-                const __m512i g0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(gi), grid, 8);
-                const __m512i g1 = _mm512_i32gather_epi64(_mm512_extracti32x8_epi32(gi, 1), grid, 8);
                 for (int half = 0; half < 2; ++half) {
-                    const __m512i gv = _mm512_permutex2var_epi32(g0, half ? odd : even, g1);
-                    const __m512i neg = nibble_to_byte_mask(_mm512_and_si512(_mm512_srli_epi32(s8, 4 * half), _mm512_set1_epi32(15)));
-                    // (v ^ m) - m negates the bytes where m = 0xFF; + 128 as xor 0x80.
-                    const __m512i w = _mm512_sub_epi8(_mm512_xor_si512(gv, neg), neg);
-                    vst(pb + (8 * ib + 2 * l + half) * kVec, _mm512_xor_si512(w, flip));
+                    const __m512i c = _mm512_multishift_epi64_epi8(ld64(kIq2Panel.code_pick[l]), codes[half]);
+                    const __m512i s = _mm512_multishift_epi64_epi8(ld64(kIq2Panel.sign_pick[2 * l + half]), signs);
+                    const __m512i sel = _mm512_ternarylogic_epi32(c, s, m3, 0xE4);  // m3 ? c : s, bitwise
+                    vst(pb + (8 * ib + 2 * l + half) * kVec, _mm512_permutexvar_epi8(sel, ld64(kIq2Panel.value)));
                 }
             }
             vst(pb + kCodes256 + ib * kVec,

@@ -190,6 +190,10 @@ PreparedDot prepared_dot(const DotKernels& k, GgmlType t) {
     return t == GgmlType::Q8_0 ? k.q8_0_prep : PreparedDot{};
 }
 
+DotRowsFn dot_rows_fn(const DotKernels& k, GgmlType t) {
+    return t == GgmlType::Q2_K ? k.q2_k_rows : t == GgmlType::IQ2_XXS ? k.iq2_xxs_rows : nullptr;
+}
+
 }  // namespace quant
 
 }  // namespace ds4

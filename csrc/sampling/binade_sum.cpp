@@ -57,6 +57,20 @@ int64_t binade_weight_walk(const float* x, const float* wa, int64_t n, float r) 
     return binade::walk_plain(x, n, r);
 }
 
+int64_t binade_seq_walk(const float* w, int64_t n, float r) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_seq_walk_avx512(w, n, r);
+#endif
+    return binade::seq_walk_plain(w, n, r);
+}
+
+int64_t binade_seq_until(const float* w, int64_t n, float total, float top_p, float& s) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_seq_until_avx512(w, n, total, top_p, s);
+#endif
+    return binade::seq_until_plain(w, n, total, top_p, s);
+}
+
 void approx_exp_weights(const float* x, float* w, int64_t n) {
 #if defined(DS4_ARCH_X86)
     if (sampling_avx512()) return approx_exp_weights_avx512(x, w, n);

@@ -20,6 +20,14 @@ float binade_weight_total(const float* x, int64_t n, float* wa);
 // same weights (saves evaluating them again), or null.
 int64_t binade_weight_walk(const float* x, const float* wa, int64_t n, float r);
 
+// The same walk over given weights w (any values): the first i where fl(r - ...) <= 0, or -1.
+int64_t binade_seq_walk(const float* w, int64_t n, float r);
+
+// s = fl(s + w[i]) for i = 0, 1, ... (from the s given) until fl(s / total) >= top_p after an
+// addition: returns that i (s includes w[i]), or n when it never happens (s is then the whole sum).
+// w >= 0 (the plain loop runs otherwise, with the same result).
+int64_t binade_seq_until(const float* w, int64_t n, float total, float top_p, float& s);
+
 // The fast exponential used to skip exact evaluations (exp_weights itself where there is no
 // AVX-512 build), and its relative error bound against exp_weights for arguments >= -87 (2^-125
 // absolute below). Checked over every float32 argument in [-87, 0]: at most

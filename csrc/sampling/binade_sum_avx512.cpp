@@ -3,6 +3,9 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
+
+#include "common/thread_pool.h"
 
 #include "sampling/binade_sum.h"
 #include "sampling/binade_sum_impl.h"
@@ -138,13 +141,14 @@ float total(const float* src, bool approx, int64_t n, float* wa) {
     return s;
 }
 
-// One span of the walk: true when the model took it (r stays above its binade's floor).
-bool walk_span(const float* x, const float* wa, int blocks, float& r) {
-    if (r > 0.0f && zero_blocks(x, blocks)) return true;   // r - 0 = r stays > 0
+// One span of the walk: true when the model took it (r stays above its binade's floor). src:
+// arguments (approx) or the weights themselves.
+bool walk_span(const float* src, bool approx, const float* wa, int blocks, float& r) {
+    if (approx && r > 0.0f && zero_blocks(src, blocks)) return true;   // r - 0 = r stays > 0
     if (!(r >= binade::kModelMin && r <= binade::kModelMax)) return false;
     const binade::Unit b = binade::unit_of(r);
     int32_t d;
-    if (!units_of(x, true, wa, nullptr, blocks, b.inv_u, d)) return false;
+    if (!units_of(src, approx, wa, nullptr, blocks, b.inv_u, d)) return false;
     const int32_t R = (int32_t)(r * b.inv_u) - d;
     if (R <= (1 << 23)) return false;
     r = (float)R * b.u;
@@ -155,21 +159,143 @@ bool walk_span(const float* x, const float* wa, int blocks, float& r) {
 
 float binade_seq_sum_avx512(const float* w, int64_t n) { return total(w, false, n, nullptr); }
 
-float binade_weight_total_avx512(const float* x, int64_t n, float* wa) { return total(x, true, n, wa); }
+// The whole-vocabulary total on the thread pool. The serial loop above needs, per chunk, only the
+// unit of the running sum at its start, and that is almost always the unit of the approximate
+// prefix sum there. So: (1) in parallel, every chunk's approximate weights and their sum;
+// (2) the prefix sums predict each chunk's unit; (3) in parallel, every chunk's units at the
+// predicted unit (units_of, the same test as the serial loop); (4) serially, each chunk whose
+// actual running sum has the predicted unit adds its units exactly as the serial loop would, and
+// any other chunk runs the serial loop's own steps. The result is the serial loop's, bit for bit.
+float total_parallel(const float* x, int64_t n, float* wa, ThreadPool& pool) {
+    const int64_t chunk = kChunkBlocks * kLanes;
+    const int64_t n_chunks = n / chunk;
+    struct ChunkInfo {
+        float approx_sum;
+        bool zero, ok;
+        int32_t units;
+        float u;
+    };
+    static thread_local std::vector<ChunkInfo> per_thread;   // the caller's; workers see it through `info`
+    std::vector<ChunkInfo>& info = per_thread;
+    info.resize((size_t)n_chunks);
+    pool.parallel_for(n_chunks, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+            const float* src = x + c * chunk;
+            float* out = wa + c * chunk;
+            ChunkInfo& ci = info[(size_t)c];
+            ci.zero = zero_blocks(src, kChunkBlocks);
+            if (ci.zero) {
+                std::memset(out, 0, sizeof(float) * chunk);
+                ci.approx_sum = 0.0f;
+                continue;
+            }
+            __m512 acc = _mm512_setzero_ps();
+            for (int k = 0; k < chunk; k += kLanes) {
+                const __m512 w = approx_exp(_mm512_loadu_ps(src + k));
+                _mm512_storeu_ps(out + k, w);
+                acc = _mm512_add_ps(acc, w);
+            }
+            ci.approx_sum = _mm512_reduce_add_ps(acc);
+        }
+    }, 64);
+    double prefix = 0.0;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        ChunkInfo& ci = info[(size_t)c];
+        const float p = (float)prefix;
+        ci.u = (p >= binade::kModelMin && p <= binade::kModelMax) ? binade::unit_of(p).u : 0.0f;
+        prefix += ci.approx_sum;
+    }
+    pool.parallel_for(n_chunks, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+            ChunkInfo& ci = info[(size_t)c];
+            ci.ok = false;
+            if (ci.zero || ci.u == 0.0f) continue;
+            const binade::Unit b = binade::unit_of(ci.u * 0x1p23f);
+            ci.ok = units_of(x + c * chunk, true, wa + c * chunk, nullptr, kChunkBlocks, b.inv_u, ci.units);
+        }
+    }, 64);
+    float s = 0.0f;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        const ChunkInfo& ci = info[(size_t)c];
+        const int64_t i = c * chunk;
+        if (ci.zero) continue;   // s + 0 = s, as add_span
+        if (ci.ok && s >= binade::kModelMin && s <= binade::kModelMax) {
+            const binade::Unit b = binade::unit_of(s);
+            if (b.u == ci.u) {
+                const int32_t S = (int32_t)(s * b.inv_u) + ci.units;
+                if (S < (1 << 24)) {
+                    s = (float)S * b.u;
+                    continue;
+                }
+            }
+        }
+        for (int64_t k = i; k < i + chunk; k += kLanes)   // the serial loop's steps
+            if (!add_span(x + k, true, wa + k, 1, s)) add_plain(x + k, true, wa + k, kLanes, s);
+    }
+    const int64_t i = n_chunks * chunk;
+    if (i < n) add_plain(x + i, true, wa + i, n - i, s);
+    return s;
+}
+
+float binade_weight_total_avx512(const float* x, int64_t n, float* wa) {
+    if (wa && n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1)
+        return total_parallel(x, n, wa, ThreadPool::global());
+    return total(x, true, n, wa);
+}
 
 int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, float r) {
     const int64_t chunk = kChunkBlocks * kLanes;
     int64_t i = 0;
     for (; i + chunk <= n; i += chunk) {
-        if (walk_span(x + i, wa ? wa + i : nullptr, kChunkBlocks, r)) continue;
+        if (walk_span(x + i, true, wa ? wa + i : nullptr, kChunkBlocks, r)) continue;
         for (int64_t k = i; k < i + chunk; k += kLanes) {
-            if (walk_span(x + k, wa ? wa + k : nullptr, 1, r)) continue;
+            if (walk_span(x + k, true, wa ? wa + k : nullptr, 1, r)) continue;
             const int64_t hit = binade::walk_plain(x + k, kLanes, r);
             if (hit >= 0) return k + hit;
         }
     }
     const int64_t hit = binade::walk_plain(x + i, n - i, r);
     return hit >= 0 ? i + hit : -1;
+}
+
+int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) {
+    const int64_t chunk = kChunkBlocks * kLanes;
+    int64_t i = 0;
+    for (; i + chunk <= n; i += chunk) {
+        if (walk_span(w + i, false, nullptr, kChunkBlocks, r)) continue;
+        for (int64_t k = i; k < i + chunk; k += kLanes) {
+            if (walk_span(w + k, false, nullptr, 1, r)) continue;
+            const int64_t hit = binade::seq_walk_plain(w + k, kLanes, r);
+            if (hit >= 0) return k + hit;
+        }
+    }
+    const int64_t hit = binade::seq_walk_plain(w + i, n - i, r);
+    return hit >= 0 ? i + hit : -1;
+}
+
+// The sum is non-decreasing (terms >= 0, rounding to nearest is monotone) and so is fl(s / total):
+// a block whose sum at its end stays below top_p holds no stop. A block with a negative or
+// non-finite term fails the model and runs the plain loop.
+int64_t binade_seq_until_avx512(const float* w, int64_t n, float total, float top_p, float& s) {
+    const int64_t chunk = kChunkBlocks * kLanes;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        float s2 = s;
+        if (i + chunk <= n && add_span(w + i, false, nullptr, kChunkBlocks, s2) && s2 / total < top_p) {
+            s = s2;
+            i += chunk - kLanes;
+            continue;
+        }
+        s2 = s;
+        if (add_span(w + i, false, nullptr, 1, s2) && s2 / total < top_p) {
+            s = s2;
+            continue;
+        }
+        const int64_t hit = binade::seq_until_plain(w + i, kLanes, total, top_p, s);
+        if (hit < kLanes) return i + hit;
+    }
+    const int64_t hit = binade::seq_until_plain(w + i, n - i, total, top_p, s);
+    return i + hit;
 }
 
 void approx_exp_weights_avx512(const float* x, float* w, int64_t n) {

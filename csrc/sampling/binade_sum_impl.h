@@ -10,6 +10,8 @@ namespace ds4 {
 float binade_seq_sum_avx512(const float* w, int64_t n);
 float binade_weight_total_avx512(const float* x, int64_t n, float* wa);
 int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, float r);
+int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r);
+int64_t binade_seq_until_avx512(const float* w, int64_t n, float total, float top_p, float& s);
 void approx_exp_weights_avx512(const float* x, float* w, int64_t n);
 
 namespace binade {
@@ -48,6 +50,23 @@ inline int64_t walk_plain(const float* x, int64_t m, float& r) {
         }
     }
     return -1;
+}
+
+// The plain loops over given weights.
+inline int64_t seq_walk_plain(const float* w, int64_t n, float& r) {
+    for (int64_t i = 0; i < n; ++i) {
+        r -= w[i];
+        if (r <= 0.0f) return i;
+    }
+    return -1;
+}
+
+inline int64_t seq_until_plain(const float* w, int64_t n, float total, float top_p, float& s) {
+    for (int64_t i = 0; i < n; ++i) {
+        s += w[i];
+        if (s / total >= top_p) return i;
+    }
+    return n;
 }
 
 }  // namespace binade

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/thread_pool.h"
 #include "sampling/binade_sum.h"
 #include "sampling/exp_weights.h"
 #include "sampling/rng.h"
@@ -37,27 +38,55 @@ inline uint32_t desc_key(float v) {
     return ~asc;
 }
 
-// Sorts ids (given in ascending id order) by logit descending; equal logits keep id order (LSD
-// radix is stable). Keys are taken relative to the smallest, so a list of logits spanning few
-// float values needs few 12-bit digits (two cover 2^24 distinct values).
-void sort_desc(const float* a, std::vector<int32_t>& ids, std::vector<uint64_t>& keys, std::vector<uint64_t>& tmp) {
+// The smallest and largest desc_key of v[0..m) (a vectorisable integer reduction).
+DS4_SAMPLING_HOT void key_range(const float* v, int64_t m, uint32_t& lo_out, uint32_t& hi_out) {
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (int64_t i = 0; i < m; ++i) {
+        const uint32_t k = desc_key(v[i]);
+        lo = k < lo ? k : lo;
+        hi = k > hi ? k : hi;
+    }
+    lo_out = lo;
+    hi_out = hi;
+}
+
+// Whether x[0..m) all equal v.
+DS4_SAMPLING_HOT bool all_equal(const float* x, int64_t m, float v) {
+    int differ = 0;
+    for (int64_t i = 0; i < m; ++i) differ |= x[i] != v;
+    return !differ;
+}
+
+inline float key_value(uint32_t key) {   // the logit of a desc_key (0.0 for the -0.0/0.0 key)
+    const uint32_t asc = ~key;
+    const uint32_t u = (asc >> 31) ? (asc & 0x7FFFFFFFu) : ~asc;
+    float v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+}  // namespace
+
+// Sorts ids (given in ascending id order, with their logits vals) by logit descending; equal
+// logits keep id order (LSD radix is stable). Keys are taken relative to the smallest, so a list
+// of logits spanning few float values needs few 12-bit digits (two cover 2^24 distinct values),
+// and a list of one value (all equal) is already sorted.
+template <class IdVec, class ValVec, class KeyVec>
+static void sort_desc(const float* a, IdVec& ids, ValVec& vals, KeyVec& keys, KeyVec& tmp) {
     const size_t m = ids.size();
     if (m < 2) return;
     if (m < 96) {
         std::stable_sort(ids.begin(), ids.end(), [a](int32_t x, int32_t y) { return desc_key(a[x]) < desc_key(a[y]); });
+        for (size_t i = 0; i < m; ++i) vals[i] = a[ids[i]];
         return;
     }
+    uint32_t lo, hi;
+    key_range(vals.data(), (int64_t)m, lo, hi);
+    if (lo == hi) return;
     keys.resize(m);
     tmp.resize(m);
-    uint32_t lo = UINT32_MAX, hi = 0;
-    for (size_t i = 0; i < m; ++i) {
-        const uint32_t k = desc_key(a[ids[i]]);
-        lo = std::min(lo, k);
-        hi = std::max(hi, k);
-        keys[i] = ((uint64_t)k << 32) | (uint32_t)ids[i];
-    }
-    for (size_t i = 0; i < m; ++i) keys[i] -= (uint64_t)lo << 32;
-    const int bits = hi == lo ? 0 : 32 - __builtin_clz(hi - lo);
+    for (size_t i = 0; i < m; ++i) keys[i] = ((uint64_t)(desc_key(vals[i]) - lo) << 32) | (uint32_t)ids[i];
+    const int bits = 32 - __builtin_clz(hi - lo);
     constexpr int kDigit = 12;
     static thread_local uint32_t count[1 << kDigit];
     for (int shift = 32; shift < 32 + bits; shift += kDigit) {
@@ -68,8 +97,13 @@ void sort_desc(const float* a, std::vector<int32_t>& ids, std::vector<uint64_t>&
         for (size_t i = 0; i < m; ++i) tmp[count[(keys[i] >> shift) & ((1 << kDigit) - 1)]++] = keys[i];
         keys.swap(tmp);
     }
-    for (size_t i = 0; i < m; ++i) ids[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
+    for (size_t i = 0; i < m; ++i) {
+        ids[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
+        vals[i] = key_value((uint32_t)(keys[i] >> 32) + lo);
+    }
 }
+
+namespace {
 
 // A logit below which no token can pass expf(fl(fl(l - max) / t)) >= min_p (a superset test; the
 // exact test runs on the survivors). RN(exp(x)) >= m implies x >= log(m) - 2^-22; the division and
@@ -131,16 +165,19 @@ DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
 
 // A weight c = 2^(-k/4) whose (estimated) entries >= c hold `mass`, as large as the grid allows;
 // 0 when even 2^-48 does not: a guess, which the caller checks. Bisection, about 8 steps. The
-// few weights >= 2^-8 are summed exactly once (a heavy tail holds much of the mass in a few
-// tokens, which a sample would miss); below that, every fourth block of 16 estimates the rest.
-float mass_threshold(const float* w, int64_t n, double mass, std::vector<int32_t>& scratch) {
+// weights >= 2^-8 are gathered once and summed exactly when they are few (a heavy tail holds much
+// of the mass in a few tokens, which a sample would miss), else sampled; below 2^-8, every fourth
+// block of 16 estimates the rest.
+template <class IdVec, class ValVec>
+float mass_threshold(const float* w, int64_t n, double mass, IdVec& ids, ValVec& big_w) {
     const float big = 0x1p-8f;
     const int step = n >= 4096 ? 4 : 1;
-    if (scratch.size() < (size_t)n + 16) scratch.resize((size_t)n + 16);
-    const int64_t n_big = collect_finite_at_least(w, n, big, scratch.data());
+    if (ids.size() < (size_t)n + 16) ids.resize((size_t)n + 16);
+    if (big_w.size() < (size_t)n + 16) big_w.resize((size_t)n + 16);
+    const int64_t n_big = collect_finite_at_least(w, n, big, ids.data(), big_w.data());
+    const int big_step = n_big >= 4096 ? 4 : 1;
     auto mass_at = [&](float c) {
-        double r = 0.0;
-        for (int64_t j = 0; j < n_big; ++j) r += w[scratch[j]] >= c ? w[scratch[j]] : 0.0f;
+        const double r = mass_in(big_w.data(), n_big, c, std::numeric_limits<float>::infinity(), big_step);
         return c >= big ? r : r + mass_in(w, n, c, big, step);
     };
     auto c_of = [](int k) { return (float)std::exp2(-0.25 * k); };
@@ -152,6 +189,18 @@ float mass_threshold(const float* w, int64_t n, double mass, std::vector<int32_t
         (mass_at(c_of(mid)) >= mass ? hi : lo) = mid;
     }
     return c_of(hi);
+}
+
+// The first i with x[i] < bound (n when none).
+DS4_SAMPLING_HOT int64_t first_below(const float* x, int64_t n, float bound) {
+    for (int64_t b = 0; b < n; b += kBlock) {
+        const int64_t m = std::min(kBlock, n - b);
+        int any = 0;
+        for (int64_t j = 0; j < m; ++j) any |= x[b + j] < bound;
+        if (!any) continue;
+        for (int64_t j = 0; j < m; ++j) if (x[b + j] < bound) return b + j;
+    }
+    return n;
 }
 
 // out[j] = the largest finite a[i] with i = j (mod g) (-inf when none): g disjoint columns.
@@ -193,55 +242,89 @@ int32_t argmax_logits(const float* a, int64_t n) {
 
 void Sampler::top_sorted(const float* a, int64_t n, int64_t m) {
     // The m-th largest of g >= m column maxima is a floor: the m largest maxima are m distinct
-    // finite logits at or above it, so the m best are all at or above it (ties at the floor are
-    // kept; the sort orders them by id). 2m columns leave about 1.5 m survivors on smooth logits.
-    float floor = kNegInf;
-    const int64_t g = (2 * m + 15) / 16 * 16;
-    if (n >= 4 * g) {
-        vals_.resize((size_t)g);
-        column_maxima(a, n, g, vals_.data());
-        std::nth_element(vals_.begin(), vals_.begin() + (m - 1), vals_.end(), std::greater<float>());
-        floor = vals_[m - 1];
+    // finite logits at or above it, so the m best are all at or above it. 2m columns leave about
+    // 1.5 m survivors on smooth logits. Tokens above the floor are sorted; tokens equal to it come
+    // after them in id order, and only as many as the m best need (many tokens can tie with it).
+    // At least 256 columns: few columns make long rows of dependent maxima (slow), and more
+    // columns only raise the floor.
+    const int64_t g = std::max<int64_t>(256, (2 * m + 15) / 16 * 16);
+    if (n < 4 * g) {
+        collect_logits_at_least(a, n, kNegInf);
+        sort_candidates(a);
+        if ((int64_t)ids_.size() > m) { ids_.resize((size_t)m); vals_.resize((size_t)m); }
+        return;
     }
-    collect_logits_at_least(a, n, floor);
-    sort_desc(a, ids_, keys_, tmp_keys_);
-    if ((int64_t)ids_.size() > m) ids_.resize((size_t)m);
+    maxima_.resize((size_t)g);
+    column_maxima(a, n, g, maxima_.data());
+    std::nth_element(maxima_.begin(), maxima_.begin() + (m - 1), maxima_.end(), std::greater<float>());
+    const float floor = maxima_[m - 1];
+    ids_.resize((size_t)n + 16);
+    vals_.resize((size_t)n + 16);
+    tmp_ids_.resize((size_t)m + 16);
+    int64_t tied = 0;
+    // A floor of -inf (fewer than m columns hold a finite logit): every finite logit is above it,
+    // and the -inf entries equal to it are never candidates.
+    const int64_t tie_limit = floor == kNegInf ? 0 : m;
+    const int64_t above = collect_above_and_tied(a, n, floor, ids_.data(), vals_.data(), tie_limit, tmp_ids_.data(), &tied);
+    ids_.resize((size_t)above);
+    vals_.resize((size_t)above);
+    sort_candidates(a);
+    if (above >= m) {
+        ids_.resize((size_t)m);
+        vals_.resize((size_t)m);
+        return;
+    }
+    const int64_t take = std::min(tied, m - above);
+    ids_.insert(ids_.end(), tmp_ids_.begin(), tmp_ids_.begin() + take);
+    vals_.resize((size_t)(above + take), floor);
 }
 
 void Sampler::collect_logits_at_least(const float* a, int64_t n, float floor) {
-    if (tmp_ids_.size() < (size_t)n + 16) tmp_ids_.resize((size_t)n + 16);   // grown once, never cleared
-    const int64_t k = collect_finite_at_least(a, n, floor, tmp_ids_.data());
-    ids_.assign(tmp_ids_.begin(), tmp_ids_.begin() + k);
+    ids_.resize((size_t)n + 16);
+    vals_.resize((size_t)n + 16);
+    const int64_t k = collect_finite_at_least(a, n, floor, ids_.data(), vals_.data());
+    ids_.resize((size_t)k);
+    vals_.resize((size_t)k);
 }
 
-void Sampler::weights_of_ids() {
-    const size_t m = ids_.size();
-    vals_.resize(m);
-    w_.resize(m);
-    for (size_t j = 0; j < m; ++j) vals_[j] = x_[ids_[j]];
-    exp_weights(vals_.data(), w_.data(), (int64_t)m);
+void Sampler::sort_candidates(const float* a) { sort_desc(a, ids_, vals_, keys_, tmp_keys_); }
+
+void Sampler::weights_of_sorted(float m, float t) {
+    // Sorted logits come in runs of equal values (ties): a block of 16 equal to the last argument
+    // evaluated copies its weight instead of evaluating exp again.
+    const int64_t k = (int64_t)vals_.size();
+    x_.resize((size_t)k);
+    w_.resize((size_t)k);
+    shifted_args(vals_.data(), k, m, t, x_.data());
+    float last_x = 1.0f, last_w = 0.0f;   // 1 is never an argument (arguments are <= 0)
+    for (int64_t i = 0; i < k; i += 16) {
+        const int64_t len = std::min<int64_t>(16, k - i);
+        if (all_equal(x_.data() + i, len, last_x)) {
+            std::fill(w_.begin() + i, w_.begin() + i + len, last_w);
+            continue;
+        }
+        exp_weights(x_.data() + i, w_.data() + i, len);
+        last_x = x_[i + len - 1];
+        last_w = w_[i + len - 1];
+    }
 }
 
 bool Sampler::filter_sorted(float total, float top_p, float min_p, bool list_is_everything) {
+    // Upstream's loop: stop before token i > 0 when fl(w_i / total) < min_prob, else add w_i and
+    // stop after it once fl(sum / total) >= top_p. The min-p stop is found by a scan, the top-p
+    // stop by the sequential sum a binade at a time (binade_sum.h) up to it.
     const int64_t m = (int64_t)ids_.size();
     const float min_prob = (w_[0] / total) * min_p;
+    const int64_t cut = min_prob > 0.0f ? first_ratio_below(w_.data(), m, total, min_prob) : m;
     float fsum = 0.0f;
-    for (int64_t i = 0; i < m; ++i) {
-        if (i > 0 && w_[i] / total < min_prob) {
-            c_.count = i;
-            c_.sum = fsum;
-            return true;
-        }
-        fsum += w_[i];
-        if (fsum / total >= top_p) {
-            c_.count = i + 1;
-            c_.sum = fsum;
-            return true;
-        }
-    }
-    c_.count = m;
+    const int64_t stop = binade_seq_until(w_.data(), cut, total, top_p, fsum);
     c_.sum = fsum;
-    return list_is_everything;
+    if (stop < cut) {
+        c_.count = stop + 1;
+        return true;
+    }
+    c_.count = cut;
+    return cut < m || list_is_everything;
 }
 
 void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float min_p) {
@@ -254,23 +337,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     c_.no_draw = c_.after_walk = (int32_t)best;
 
     if (top_p >= 1.0f && min_p > 0.0f) {
-        // Only tokens with weight >= min_p are kept, in id order: a logit floor finds a superset.
-        const float floor = logit_floor(m, t, min_p);
-        collect_logits_at_least(a, n, floor);
-        x_.resize(ids_.size());
-        w_.resize(ids_.size());
-        for (size_t j = 0; j < ids_.size(); ++j) x_[j] = (a[ids_[j]] - m) / t;
-        exp_weights(x_.data(), w_.data(), (int64_t)x_.size());
-        size_t k = 0;
-        for (size_t j = 0; j < ids_.size(); ++j) {
-            if (!(w_[j] < min_p)) {
-                ids_[k] = ids_[j];
-                w_[k++] = w_[j];
-            }
-        }
-        const float total = binade_seq_sum(w_.data(), (int64_t)k);
-        if (!(total > 0.0f && std::isfinite(total))) return;
-        c_ = Candidates{true, c_.no_draw, c_.after_walk, ids_.data(), w_.data(), (int64_t)k, total};
+        select_min_p(a, n, m, t, min_p);
         return;
     }
 
@@ -295,8 +362,8 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // p/total >= fl(1/total)*min_p needs p >= min_p up to a few ulps: a 0.1% margin is a superset.
         const float c = std::min(min_p, 1.0f) * 0.999f;
         collect_logits_at_least(a, n, logit_floor(m, t, c));
-        sort_desc(a, ids_, keys_, tmp_keys_);
-        weights_of_ids();
+        sort_candidates(a);
+        weights_of_sorted(m, t);
         done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
         if (!done) {
             // The next token weighs < c; it fails min-p if even the largest float below c does.
@@ -309,26 +376,62 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // (approximate) weights hold a little more than that are a sorted prefix that very likely
         // contains the stop; filter_sorted checks that it does, else the pools below decide.
         // A second, 4x lower guess covers an unlucky estimate before the pools take over.
-        float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_);
+        float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_, w_);
         for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
             collect_logits_at_least(a, n, logit_floor(m, t, c));
-            sort_desc(a, ids_, keys_, tmp_keys_);
-            weights_of_ids();
+            sort_candidates(a);
+            weights_of_sorted(m, t);
             done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
         }
     }
     for (int64_t pool = 256; !done; pool *= 8) {
         if (pool >= n_finite) {
             top_sorted(a, n, n_finite);
-            weights_of_ids();
+            weights_of_sorted(m, t);
             filter_sorted(total, top_p, min_p, true);
             break;
         }
         top_sorted(a, n, pool);
-        weights_of_ids();
+        weights_of_sorted(m, t);
         done = filter_sorted(total, top_p, min_p, false);
     }
     c_ = Candidates{true, c_.no_draw, ids_[c_.count - 1], ids_.data(), w_.data(), c_.count, c_.sum};
+}
+
+void Sampler::select_min_p(const float* a, int64_t n, float m, float t, float min_p) {
+    // Only tokens with weight >= min_p are kept, in id order: a logit floor finds a superset.
+    // Arguments at or above log(min_p) + 2^-20 certainly have weights >= min_p (exp_weights errs
+    // by far less than 2^-20 relative); only the few between the floor and that bound evaluate
+    // their weight. The kept arguments then go through the binade sum and walk like the whole
+    // vocabulary (their weights are mostly never evaluated exactly).
+    collect_logits_at_least(a, n, logit_floor(m, t, min_p));
+    const int64_t k0 = (int64_t)ids_.size();
+    x_.resize((size_t)k0);
+    shifted_args(vals_.data(), k0, m, t, x_.data());
+    float sure = std::nextafter((float)(std::log((double)min_p) + std::ldexp(1.0, -20)), 1.0f);
+    if (min_p <= 1.0f) sure = std::min(sure, 0.0f);   // exp(0) = 1 >= min_p
+    int64_t k = 0, j = 0;
+    while (j < k0) {
+        const int64_t run = first_below(x_.data() + j, k0 - j, sure);   // certainly kept
+        if (k != j) {
+            std::memmove(ids_.data() + k, ids_.data() + j, sizeof(int32_t) * run);
+            std::memmove(x_.data() + k, x_.data() + j, sizeof(float) * run);
+        }
+        k += run;
+        j += run;
+        if (j == k0) break;
+        float w;
+        exp_weights(&x_[j], &w, 1);
+        if (!(w < min_p)) {
+            ids_[k] = ids_[j];
+            x_[k++] = x_[j];
+        }
+        ++j;
+    }
+    wall_.resize((size_t)k);
+    const float total = binade_weight_total(x_.data(), k, wall_.data());
+    if (!(total > 0.0f && std::isfinite(total))) return;
+    c_ = Candidates{true, c_.no_draw, c_.after_walk, ids_.data(), nullptr, k, total, x_.data(), wall_.data()};
 }
 
 void Sampler::select_top_k(const float* a, int64_t n, float t, int64_t k, float top_p, float min_p) {
@@ -338,11 +441,7 @@ void Sampler::select_top_k(const float* a, int64_t n, float t, int64_t k, float 
         return;
     }
     const int64_t m = (int64_t)ids_.size();
-    const float v0 = a[ids_[0]];
-    x_.resize((size_t)m);
-    w_.resize((size_t)m);
-    for (int64_t i = 0; i < m; ++i) x_[i] = (a[ids_[i]] - v0) / t;
-    exp_weights(x_.data(), w_.data(), m);
+    weights_of_sorted(vals_[0], t);
     c_.no_draw = ids_[0];
     const float total = binade_seq_sum(w_.data(), m);
     if (!(total > 0.0f && std::isfinite(total))) return;
@@ -375,28 +474,44 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
         const int64_t i = binade_weight_walk(c.x, c.wa, c.count, r);
         return i >= 0 ? c.id(i) : c.after_walk;
     }
-    for (int64_t i = 0; i < c.count; ++i) {
-        r -= c.w[i];
-        if (r <= 0.0f) return c.id(i);
-    }
-    return c.after_walk;
+    const int64_t i = binade_seq_walk(c.w, c.count, r);
+    return i >= 0 ? c.id(i) : c.after_walk;
 }
 
 void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, float* probs) {
     const Candidates& c = select(a, n, p);
-    std::fill(probs, probs + n, 0.0f);
+    if (!c.draw || c.ids) std::fill(probs, probs + n, 0.0f);   // else every entry is written below
     if (!c.draw) {
         probs[c.no_draw] = 1.0f;
         return;
     }
-    const float* w = c.w;
-    if (!w) {   // the whole vocabulary, weights not evaluated yet
-        wall_.resize((size_t)c.count);
-        exp_weights(c.x, wall_.data(), c.count);
-        w = wall_.data();
-    }
     const double inv = 1.0 / (double)c.sum;
-    for (int64_t i = 0; i < c.count; ++i) probs[c.id(i)] = (float)((double)w[i] * inv);
+    auto scale = [&](const float* w, int64_t i0, int64_t i1) {
+        if (c.ids) {
+            for (int64_t i = i0; i < i1; ++i) probs[c.ids[i]] = (float)((double)w[i] * inv);
+        } else {
+            for (int64_t i = i0; i < i1; ++i) probs[i] = (float)((double)w[i] * inv);
+        }
+    };
+    if (c.w) return scale(c.w, 0, c.count);
+    // The whole vocabulary (or the min-p survivors), weights not evaluated yet: in pieces (on the
+    // pool when allowed), each evaluated and scaled while in cache.
+    wall_.resize((size_t)c.count);
+    float* w = wall_.data();
+    auto piece = [&](int64_t i0, int64_t i1) {
+        exp_weights(c.x + i0, w + i0, i1 - i0);
+        scale(w, i0, i1);
+    };
+    constexpr int64_t kPiece = 4096;
+    const int64_t pieces = (c.count + kPiece - 1) / kPiece;
+    auto run = [&](int64_t p0, int64_t p1) {
+        for (int64_t q = p0; q < p1; ++q) piece(q * kPiece, std::min(c.count, (q + 1) * kPiece));
+    };
+    if (sampling_threads() > 1 && pieces > 4) {
+        ThreadPool::global().parallel_for(pieces, run, 2);
+    } else {
+        run(0, pieces);
+    }
 }
 
 }  // namespace ds4

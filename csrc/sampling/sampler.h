@@ -5,6 +5,8 @@
 // same token as upstream and as a literal scalar transcription of these rules.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace ds4 {
@@ -18,8 +20,8 @@ struct SamplerParams {
 
 // The distribution one draw picks from: `count` candidates in walk order (ids, or token i itself
 // when ids is null) with float32 weights summing (sequentially, in walk order) to `sum`. The
-// weights are w, or (w null) exp_weights(x[i]) not yet evaluated (the whole vocabulary in id
-// order). draw == false: no draw happens and the pick is `no_draw` (argmax, or a degenerate total).
+// weights are w, or (w null) exp_weights(x[i]) not yet evaluated (the whole vocabulary, or the
+// min-p survivors, in id order). draw == false: no draw happens and the pick is `no_draw` (argmax, or a degenerate total).
 struct Candidates {
     bool draw = false;
     int32_t no_draw = 0;
@@ -48,20 +50,33 @@ public:
     void probabilities(const float* logits, int64_t n, const SamplerParams& p, float* probs);
 
 private:
+    // A vector whose resize leaves new elements uninitialised (scratch filled right after).
+    template <class T>
+    struct NoInit : std::allocator<T> {
+        template <class U> struct rebind { using other = NoInit<U>; };
+        NoInit() = default;
+        template <class U> NoInit(const NoInit<U>&) {}
+        template <class U> void construct(U* p) { ::new ((void*)p) U; }
+        template <class U, class... A> void construct(U* p, A&&... a) { ::new ((void*)p) U(std::forward<A>(a)...); }
+    };
+    template <class T> using Scratch = std::vector<T, NoInit<T>>;
+
     void select_full(const float* a, int64_t n, float t, float top_p, float min_p);
+    void select_min_p(const float* a, int64_t n, float m, float t, float min_p);
     void select_top_k(const float* a, int64_t n, float t, int64_t k, float top_p, float min_p);
     // Keeps the prefix of the sorted candidates (ids_, weights w_) that min-p and top-p let
     // through; false when neither filter stopped inside the list.
     bool filter_sorted(float total, float top_p, float min_p, bool list_is_everything);
-    void top_sorted(const float* a, int64_t n, int64_t m);   // ids_ = m best finite, sorted
-    void weights_of_ids();                                    // w_ = exp_weights(x_[ids_])
-    void collect_logits_at_least(const float* a, int64_t n, float floor);   // ids_: finite, >= floor
+    void top_sorted(const float* a, int64_t n, int64_t m);   // ids_/vals_ = m best finite, sorted
+    void weights_of_sorted(float m, float t);                 // w_ = exp_weights(fl(fl(vals_ - m) / t))
+    void collect_logits_at_least(const float* a, int64_t n, float floor);   // ids_/vals_: finite, >= floor
+    void sort_candidates(const float* a);                     // ids_/vals_ by logit desc, id asc
 
     Candidates c_;
-    std::vector<float> x_, wall_, w_;
-    std::vector<int32_t> ids_, tmp_ids_;
-    std::vector<uint64_t> keys_, tmp_keys_;
-    std::vector<float> vals_;
+    Scratch<float> x_, wall_, w_, vals_;
+    Scratch<int32_t> ids_, tmp_ids_;
+    Scratch<uint64_t> keys_, tmp_keys_;
+    std::vector<float> maxima_;
 };
 
 }  // namespace ds4

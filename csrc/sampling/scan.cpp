@@ -4,14 +4,45 @@
 
 namespace ds4 {
 
-int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t* out) {
+int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t* out, float* vals) {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return collect_finite_at_least_avx512(a, n, floor, out);
+    if (sampling_avx512()) return collect_finite_at_least_avx512(a, n, floor, out, vals);
 #endif
     int64_t k = 0;
-    for (int64_t i = 0; i < n; ++i)
-        if (a[i] >= floor && a[i] - a[i] == 0.0f) out[k++] = (int32_t)i;
+    for (int64_t i = 0; i < n; ++i) {
+        if (a[i] >= floor && a[i] - a[i] == 0.0f) {
+            if (vals) vals[k] = a[i];
+            out[k++] = (int32_t)i;
+        }
+    }
     return k;
+}
+
+int64_t collect_above_and_tied(const float* a, int64_t n, float v, int32_t* above, float* vals,
+                               int64_t limit, int32_t* tied, int64_t* n_tied) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return collect_above_and_tied_avx512(a, n, v, above, vals, limit, tied, n_tied);
+#endif
+    int64_t k = 0, t = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (a[i] > v && a[i] - a[i] == 0.0f) {
+            vals[k] = a[i];
+            above[k++] = (int32_t)i;
+        } else if (a[i] == v && t < limit) {
+            tied[t++] = (int32_t)i;
+        }
+    }
+    *n_tied = t;
+    return k;
+}
+
+int64_t first_ratio_below(const float* w, int64_t n, float total, float bound) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return first_ratio_below_avx512(w, n, total, bound);
+#endif
+    for (int64_t i = 1; i < n; ++i)
+        if (w[i] / total < bound) return i;
+    return n;
 }
 
 float finite_max(const float* a, int64_t n) {

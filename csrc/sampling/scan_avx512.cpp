@@ -5,7 +5,7 @@
 
 namespace ds4 {
 
-int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, int32_t* out) {
+int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, int32_t* out, float* vals) {
     const __m512 f = _mm512_set1_ps(floor), zero = _mm512_setzero_ps();
     __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i step = _mm512_set1_epi32(16);
@@ -16,12 +16,51 @@ int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, i
         const __mmask16 m = _mm512_cmp_ps_mask(v, f, _CMP_GE_OQ) & _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ);
         if (m) {
             _mm512_storeu_si512((void*)(out + k), _mm512_maskz_compress_epi32(m, ids));
+            if (vals) _mm512_storeu_ps(vals + k, _mm512_maskz_compress_ps(m, v));
             k += __builtin_popcount((unsigned)m);
         }
         ids = _mm512_add_epi32(ids, step);
     }
-    for (; i < n; ++i)
-        if (a[i] >= floor && a[i] - a[i] == 0.0f) out[k++] = (int32_t)i;
+    for (; i < n; ++i) {
+        if (a[i] >= floor && a[i] - a[i] == 0.0f) {
+            if (vals) vals[k] = a[i];
+            out[k++] = (int32_t)i;
+        }
+    }
+    return k;
+}
+
+int64_t collect_above_and_tied_avx512(const float* a, int64_t n, float v, int32_t* above, float* vals,
+                                      int64_t limit, int32_t* tied, int64_t* n_tied) {
+    const __m512 f = _mm512_set1_ps(v), zero = _mm512_setzero_ps();
+    __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16);
+    int64_t k = 0, t = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(a + i);
+        // x > v (false for NaN), and x - x == 0 (false for +-inf)
+        const __mmask16 gt = _mm512_cmp_ps_mask(x, f, _CMP_GT_OQ) & _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), zero, _CMP_EQ_OQ);
+        const __mmask16 eq = _mm512_cmp_ps_mask(x, f, _CMP_EQ_OQ);
+        if (gt) {
+            _mm512_storeu_si512((void*)(above + k), _mm512_maskz_compress_epi32(gt, ids));
+            _mm512_storeu_ps(vals + k, _mm512_maskz_compress_ps(gt, x));
+            k += __builtin_popcount((unsigned)gt);
+        }
+        if (eq && t < limit) {
+            _mm512_storeu_si512((void*)(tied + t), _mm512_maskz_compress_epi32(eq, ids));
+            t += __builtin_popcount((unsigned)eq);
+        }
+        ids = _mm512_add_epi32(ids, step);
+    }
+    for (; i < n; ++i) {
+        if (a[i] > v && a[i] - a[i] == 0.0f) {
+            vals[k] = a[i];
+            above[k++] = (int32_t)i;
+        } else if (a[i] == v && t < limit) {
+            tied[t++] = (int32_t)i;
+        }
+    }
+    *n_tied = t < limit ? t : limit;
     return k;
 }
 
@@ -55,6 +94,18 @@ int64_t shifted_args_avx512(const float* a, int64_t n, float m, float t, float* 
         c += __builtin_popcount((unsigned)fin);
     }
     return c;
+}
+
+int64_t first_ratio_below_avx512(const float* w, int64_t n, float total, float bound) {
+    const __m512 tv = _mm512_set1_ps(total), bv = _mm512_set1_ps(bound);
+    int64_t i = 1;
+    for (; i + 16 <= n; i += 16) {
+        const __mmask16 m = _mm512_cmp_ps_mask(_mm512_div_ps(_mm512_loadu_ps(w + i), tv), bv, _CMP_LT_OQ);
+        if (m) return i + __builtin_ctz((unsigned)m);
+    }
+    for (; i < n; ++i)
+        if (w[i] / total < bound) return i;
+    return n;
 }
 
 double mass_in_avx512(const float* w, int64_t n, float lo, float hi, int step) {

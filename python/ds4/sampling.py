@@ -47,6 +47,7 @@ __all__ = [
     "sample",
     "probabilities",
     "check_sampling_args",
+    "set_sampler_threads",
     "argmax",
     "argmax_excluding",
     "top_logprobs",
@@ -254,9 +255,17 @@ def _sorted_prefix(a: np.ndarray, floor, finite: np.ndarray | None) -> np.ndarra
 
 def _top_sorted(a: np.ndarray, k: int, finite: np.ndarray | None = None) -> np.ndarray:
     """Indices of the k largest finite logits, ordered by value desc then index asc (among equal
-    values the earlier index wins, as upstream's insertion). ``finite`` None: all are finite."""
+    values the earlier index wins, as upstream's insertion). ``finite`` None: all are finite.
+
+    Logits above the rank floor are sorted; those equal to it come after them in index order and
+    only as many as k needs (a vocabulary of equal logits would otherwise sort every entry)."""
     masked = a if finite is None else np.where(finite, a, -np.inf).astype(np.float32)
-    return _sorted_prefix(a, _rank_floor(masked, k), finite)[:k]
+    floor = _rank_floor(masked, k)
+    above = _sorted_prefix(a, np.nextafter(floor, _F32(np.inf)), finite)
+    if above.size >= k:
+        return above[:k]
+    tied = np.flatnonzero(a == floor)[: k - above.size]   # floor is finite here: ids ascending
+    return np.concatenate([above, tied])
 
 
 def _finite_max(a: np.ndarray):
@@ -326,6 +335,15 @@ def probabilities(
         out[argmax(a)] = 1
         return out
     return _core().sample_probabilities(a, *_knobs(t, top_k, top_p, min_p, a.size))
+
+
+def set_sampler_threads(n: int) -> None:
+    """Let the sampler split its whole-vocabulary passes (the exact total behind min_p 0 and top_p < 1,
+    and ``probabilities()``) over the core's global thread pool: 1 (the default) keeps them on the
+    calling thread, 2 or more allows the pool. The picks and probabilities do not depend on it
+    (docs/sampling.md); it pays where the pool's workers are idle, as right after a decode step."""
+    check_int(n, "n", 1)
+    _core().set_sampling_threads(int(n))
 
 
 def _knobs(t, top_k, top_p, min_p, n: int) -> tuple[float, int, float, float]:

@@ -24,6 +24,8 @@ import pytest  # noqa: E402
 
 # The ops each test of test_ops_vs_cpu.py runs (test_<op> runs <op>).
 _OPS_OF_TEST = {"test_add_fill_copy_argmax": ("add", "fill", "copy", "argmax")}
+# Ops a backend may leave out (the forward pass has a fallback): their tests check the refusal.
+_OPTIONAL_OPS = {"attention_block"}
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +44,8 @@ def _backend_runs_the_op(request):
         if op not in core.op_names():
             return
         if not h.supports(op, 0):
+            if op in _OPTIONAL_OPS:
+                return
             pytest.xfail(f"{name}: {op} is not ported yet")
         for t in types:
             if not h.supports(op, t):

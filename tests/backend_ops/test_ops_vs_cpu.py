@@ -9,6 +9,8 @@ from gguf import GGMLQuantizationType as Q
 from hypothesis import given, settings, strategies as st
 
 import ds4._core as core
+import ds4.errors
+from test_attention_block import blocks
 from _ops import (BACKENDS, NMSE_REQUANT, REFERENCE, assert_exact, assert_matches, floats, rope, router_args,
                   weight)
 
@@ -229,6 +231,20 @@ def test_attention(name, h, n_head, head_dim, raw_cap, fill, first, n_comp, mask
     assert_matches("attention", name, h.attention(*args), REFERENCE.attention(*args))
 
 
+@backends
+@FEW
+@given(args=blocks())
+def test_attention_block(name, h, args):
+    """Several query tokens at once (test_attention_block.py draws the blocks and checks the
+    per-token equivalence and the numpy reference). The op is optional: a backend without it
+    (Metal) says so in supports() and refuses the call, and the forward pass attends per token."""
+    if not h.supports("attention_block", 0):
+        with pytest.raises(ds4.errors.UnsupportedModelError, match="attention_block"):
+            h.attention_block(*args)
+        return
+    assert_matches("attention_block", name, h.attention_block(*args), REFERENCE.attention_block(*args))
+
+
 X86_SIMD_PATHS = [p for p in core.simd_paths() if p in ("avx2", "avx512", "avx512vnni")]
 
 
@@ -314,5 +330,5 @@ def test_add_fill_copy_argmax(name, h, n, nb, value, seed):
 
 COVERED = ["linear", "grouped_output_a", "embed_tokens_hc", "rms_norm", "head_rms_norm", "hc_pre", "hc_post",
            "hc_collapse_norm", "rope_tail", "fp8_kv_roundtrip", "store_row_f16", "compressor_store",
-           "compressor_pool", "compressor_shift", "indexer_scores", "top_k_mask", "attention", "router",
-           "routed_experts", "swiglu", "add", "fill", "copy", "argmax"]
+           "compressor_pool", "compressor_shift", "indexer_scores", "top_k_mask", "attention", "attention_block",
+           "router", "routed_experts", "swiglu", "add", "fill", "copy", "argmax"]

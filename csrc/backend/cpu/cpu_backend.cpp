@@ -237,6 +237,27 @@ public:
         attend(in, f32(a.out), scores_.data(), pool_);
     }
 
+    void attention_block(const AttentionBlockArgs& a) override {
+        const int64_t nq = a.q.rows();
+        if (nq < 1) return;
+        QueryBlockInputs in{f32(a.q),
+                            nq,
+                            f32(a.raw),
+                            a.raw_cap,
+                            a.n_raw,
+                            a.raw_first,
+                            f32(a.fresh),
+                            a.n_comp[nq - 1] ? f32(a.comp) : nullptr,
+                            a.n_comp,
+                            a.mask ? a.mask.host<uint8_t>() : nullptr,
+                            a.mask_stride,
+                            a.mask_first,
+                            a.sinks->f32(),
+                            a.n_head,
+                            a.head_dim};
+        attend_queries(in, f32(a.out), block_scratch_, pool_);
+    }
+
     void router(const RouterArgs& a) override {
         grow(probs_, 2 * a.n_expert);
         for (int64_t b = 0; b < a.logits.rows(); ++b) {
@@ -305,7 +326,7 @@ private:
 
     ThreadPool* pool_;
     ActBuffer act_, xq_, midq_;
-    std::vector<float> flat_, mix_, grp_, tmp_, scores_, probs_, gate_, up_, mid_, down_;
+    std::vector<float> flat_, mix_, grp_, tmp_, scores_, block_scratch_, probs_, gate_, up_, mid_, down_;
     std::vector<int32_t> order_;
 };
 

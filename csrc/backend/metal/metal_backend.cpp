@@ -73,6 +73,8 @@ bool MetalBackend::supports(Op op, GgmlType t) const {
             return indexer_ops_supports(op, t);
         case Op::Attention:
             return attention_ops_supports(op, t);
+        case Op::AttentionBlock:
+            return false;   // no kernel yet: the graph runs Attention token by token here
         case Op::Router:
             return router_ops_supports(op, t);
         case Op::kCount:

@@ -92,6 +92,7 @@ public:
     void indexer_scores(const IndexerScoresArgs& a) override;         // ops_indexer.cpp
     void top_k_mask(const TopKMaskArgs& a) override;                  // ops_indexer.cpp
     void attention(const AttentionArgs& a) override;                  // ops_attention.cpp
+    void attention_block(const AttentionBlockArgs& a) override;       // ops_attention.cpp (unsupported)
     void router(const RouterArgs& a) override;                        // ops_router.cpp
 
     // ---- the dispatch API of the op files ----

@@ -45,6 +45,11 @@ void MetalStream::attention(const AttentionArgs& a) {
              {(uint32_t)(sgs * (D + 2) * 4)}, {(uint32_t)a.n_head, 1, 1}, {32 * sgs, 1, 1});
 }
 
+// supports(Op::AttentionBlock) is false, so the graph never calls this (engine/forward.cpp).
+void MetalStream::attention_block(const AttentionBlockArgs&) {
+    fail(ErrorKind::Unsupported, "metal: attention_block has no kernel; run attention per token");
+}
+
 }  // namespace metal
 }  // namespace backend
 }  // namespace ds4
