@@ -65,33 +65,29 @@ float e2m1_round(float v) {
 
 namespace {
 
+// One block of kBlock values through the format: a power-of-two scale from the block's amax
+// (floored), each value divided, clamped to +-max_code, rounded to the format and scaled back.
+template <int kBlock, float (*Round)(float)>
+void block_roundtrip_scalar(float* x, float amax_floor, float max_code) {
+    float amax = 0.0f;
+    for (int i = 0; i < kBlock; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float scale = pow2_block_scale(amax, amax_floor, max_code);
+    for (int i = 0; i < kBlock; ++i) {
+        float v = x[i] / scale;
+        if (v > max_code) v = max_code;
+        if (v < -max_code) v = -max_code;
+        x[i] = Round(v) * scale;
+    }
+}
+
 void fp8_kv_roundtrip_scalar(float* x, int64_t head_dim, int64_t n_rot) {
-    const int64_t n_nope = head_dim - n_rot;
-    for (int64_t off = 0; off < n_nope; off += 64) {
-        float amax = 0.0f;
-        for (int i = 0; i < 64; ++i) amax = std::fmax(amax, std::fabs(x[off + i]));
-        const float scale = pow2_block_scale(amax, kFp8AmaxFloor, 448.0f);
-        for (int i = 0; i < 64; ++i) {
-            float v = x[off + i] / scale;
-            if (v > 448.0f) v = 448.0f;
-            if (v < -448.0f) v = -448.0f;
-            x[off + i] = e4m3_round(v) * scale;
-        }
+    for (int64_t off = 0; off < head_dim - n_rot; off += 64) {
+        block_roundtrip_scalar<64, e4m3_round>(x + off, kFp8AmaxFloor, 448.0f);
     }
 }
 
 void fp4_roundtrip_scalar(float* x, int64_t n) {
-    for (int64_t off = 0; off < n; off += 32) {
-        float amax = 0.0f;
-        for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[off + i]));
-        const float scale = pow2_block_scale(amax, kFp4AmaxFloor, 6.0f);
-        for (int i = 0; i < 32; ++i) {
-            float v = x[off + i] / scale;
-            if (v > 6.0f) v = 6.0f;
-            if (v < -6.0f) v = -6.0f;
-            x[off + i] = e2m1_round(v) * scale;
-        }
-    }
+    for (int64_t off = 0; off < n; off += 32) block_roundtrip_scalar<32, e2m1_round>(x + off, kFp4AmaxFloor, 6.0f);
 }
 
 }  // namespace
