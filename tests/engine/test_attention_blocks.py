@@ -14,20 +14,12 @@ import ds4
 import ds4._core as _core
 
 
-@pytest.fixture
-def simd(request: pytest.FixtureRequest):
-    before = _core.simd_path()
-    _core.set_simd_path(request.param)
-    yield request.param
-    _core.set_simd_path(before)
-
-
-@pytest.mark.parametrize("simd", _core.simd_paths(), indirect=True)
-def test_block_prefill_equals_token_by_token(tiny_path, simd) -> None:
+@pytest.mark.parametrize("kernel_path", _core.simd_paths(), indirect=True)
+def test_block_prefill_equals_token_by_token(tiny_path, kernel_path) -> None:
     toks = np.random.default_rng(5).integers(0, 512, 171).tolist()
     blocked = ds4.Engine(tiny_path, threads=2).session(ctx=512)
     blocked.sync(toks)
     single = ds4.Engine(tiny_path, threads=2, prefill_chunk=1).session(ctx=512)
     single.sync(toks)
-    assert np.array_equal(blocked.logits, single.logits), f"logits differ on {simd}"
+    assert np.array_equal(blocked.logits, single.logits), f"logits differ on {kernel_path}"
     assert blocked.save_payload() == single.save_payload()

@@ -19,7 +19,6 @@ import pytest
 
 import ds4
 import ds4.testing
-from ds4 import _core
 
 from _compare import row_means
 
@@ -27,14 +26,6 @@ TESTS = Path(__file__).resolve().parents[1]
 GOLDEN = TESTS / "reference" / "data"
 KV_SHA = "ed438b2b10366f91d309b837782b97578caa4a72"
 KV_TOKENS = [0, 92, 286, 393, 261, 273, 100, 457, 410, 49, 504, 498, 35, 110, 121, 505]
-
-
-@pytest.fixture
-def kernel_path(request: pytest.FixtureRequest):
-    before = _core.simd_path()
-    _core.set_simd_path(request.param)
-    yield request.param
-    _core.set_simd_path(before)
 
 
 def _golden_engine(tmp_path: Path, gold) -> ds4.Engine:
