@@ -53,6 +53,9 @@ const GemmKernels& avx2_gemm();        // gemm_avx2.cpp (Q2_K, Q4_K, IQ2_XXS)
 // return value depends on every accumulator (so the loop is not optimised away).
 int64_t avx512vnni_dot_loop(int64_t iters);
 #endif
+#if defined(DS4_ARCH_ARM64)
+const GemmKernels& neon_gemm();  // gemm_neon.cpp (sdot: signed codes, no corrections needed)
+#endif
 
 // The int8 dot-product peak of this machine, measured: every thread of pool runs
 // avx512vnni_dot_loop(iters) at once. macs == 0 where the CPU/build has no VNNI.
