@@ -56,6 +56,10 @@ size_t panel_bytes(GgmlType t, int64_t n) {
     }
 }
 
+// Loops over the tile's rows / row vectors / tokens are unrolled so the accumulators live in
+// registers: GCC -O2 (the qemu test's level) otherwise keeps them in stack arrays.
+#define DS4_TILE_LOOP _Pragma("GCC unroll 8")
+
 inline int16_t load_i16(const uint8_t* p) { return (int16_t)load_u16(p); }
 inline float* fptr(uint8_t* p) { return reinterpret_cast<float*>(p); }
 inline const float* fptr(const uint8_t* p) { return reinterpret_cast<const float*>(p); }
@@ -209,11 +213,13 @@ void decode_q8_0(const GemmGroup& g) {
 template <int NT>
 inline void dot16(int32x4_t (*acc)[NT], const uint8_t* p, const int8x16_t* a) {
     constexpr int64_t S = kRowVecs * kVec;  // bytes per group of 4 k
+    DS4_TILE_LOOP
     for (int v = 0; v < kRowVecs; ++v) {
         const int8x16_t w0 = vld1q_s8(reinterpret_cast<const int8_t*>(p + 0 * S + v * kVec));
         const int8x16_t w1 = vld1q_s8(reinterpret_cast<const int8_t*>(p + 1 * S + v * kVec));
         const int8x16_t w2 = vld1q_s8(reinterpret_cast<const int8_t*>(p + 2 * S + v * kVec));
         const int8x16_t w3 = vld1q_s8(reinterpret_cast<const int8_t*>(p + 3 * S + v * kVec));
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) {
             acc[v][t] = vdotq_laneq_s32(acc[v][t], w0, a[t], 0);
             acc[v][t] = vdotq_laneq_s32(acc[v][t], w1, a[t], 1);
@@ -227,10 +233,13 @@ inline void dot16(int32x4_t (*acc)[NT], const uint8_t* p, const int8x16_t* a) {
 // part[v][t] = that sub-block's int32 sums for rows 4v.. of token t.
 template <int NT>
 inline void sub_block_sums(const uint8_t* pb, const uint8_t* const* xb, int c0, int chunks, int32x4_t (*part)[NT]) {
+    DS4_TILE_LOOP
     for (int v = 0; v < kRowVecs; ++v)
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) part[v][t] = vdupq_n_s32(0);
     for (int c = c0; c < c0 + chunks; ++c) {
         int8x16_t a[NT];
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) a[t] = vld1q_s8(reinterpret_cast<const int8_t*>(xb[t] + 4 + 16 * c));
         dot16<NT>(part, pb + c * 4 * kRowVecs * kVec, a);
     }
@@ -240,9 +249,11 @@ inline void sub_block_sums(const uint8_t* pb, const uint8_t* const* xb, int c0, 
 // `pair` consecutive int16 bsums of entry j (Q2_K: 1 per 16 codes; Q4_K: 2 per 32).
 template <int NT>
 inline void min_terms(const int16_t* mins, const uint8_t* const* xb, int count, int pair, int32x4_t (*out)[NT]) {
+    DS4_TILE_LOOP
     for (int t = 0; t < NT; ++t) out[0][t] = out[1][t] = vdupq_n_s32(0);
     for (int j = 0; j < count; ++j) {
         const int16x8_t m = vld1q_s16(mins + j * kRows);
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) {
             int16_t bs = load_i16(xb[t] + 260 + 2 * pair * j);
             if (pair == 2) bs = (int16_t)(bs + load_i16(xb[t] + 262 + 4 * j));  // |bsum| <= 2048: no overflow
@@ -254,6 +265,7 @@ inline void min_terms(const int16_t* mins, const uint8_t* const* xb, int count, 
 
 template <int NT>
 inline void store_tile(const GemmGroup& g, int64_t t0, const float32x4_t (*acc)[NT]) {
+    DS4_TILE_LOOP
     for (int t = 0; t < NT; ++t) {
         float v[kRows];
         vst1q_f32(v, acc[0][t]);
@@ -265,13 +277,16 @@ inline void store_tile(const GemmGroup& g, int64_t t0, const float32x4_t (*acc)[
 
 template <int NT>
 inline void token_blocks(const GemmGroup& g, int64_t t0, int64_t b, const uint8_t** xb) {
+    DS4_TILE_LOOP
     for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
 }
 
 template <int NT>
 void tile_q2_k(const GemmGroup& g, int64_t t0) {
     float32x4_t sumf[kRowVecs][NT];
+    DS4_TILE_LOOP
     for (int v = 0; v < kRowVecs; ++v)
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) sumf[v][t] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* pb = g.panel + b * kQ2KBlk;
@@ -283,8 +298,10 @@ void tile_q2_k(const GemmGroup& g, int64_t t0) {
         min_terms<NT>(reinterpret_cast<const int16_t*>(pb + kCodes256), xb, 16, 1, summs);
         const float* d = fptr(pb + kCodes256 + 16 * kVec);
         const float* dm = d + kRows;
+        DS4_TILE_LOOP
         for (int v = 0; v < kRowVecs; ++v) {
             const float32x4_t dv = vld1q_f32(d + 4 * v), dmv = vld1q_f32(dm + 4 * v);
+            DS4_TILE_LOOP
             for (int t = 0; t < NT; ++t) {
                 const float yd = load_f32(xb[t]);
                 const float32x4_t dall = vmulq_n_f32(dv, yd), dmin = vmulq_n_f32(dmv, -yd);
@@ -299,7 +316,9 @@ void tile_q2_k(const GemmGroup& g, int64_t t0) {
 template <int NT>
 void tile_q4_k(const GemmGroup& g, int64_t t0) {
     float32x4_t sumf[kRowVecs][NT];
+    DS4_TILE_LOOP
     for (int v = 0; v < kRowVecs; ++v)
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) sumf[v][t] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* pb = g.panel + b * kQ4KBlk;
@@ -307,13 +326,17 @@ void tile_q4_k(const GemmGroup& g, int64_t t0) {
         const uint8_t* xb[NT];
         token_blocks<NT>(g, t0, b, xb);
         int32x4_t isum[kRowVecs][NT];
+        DS4_TILE_LOOP
         for (int v = 0; v < kRowVecs; ++v)
+            DS4_TILE_LOOP
             for (int t = 0; t < NT; ++t) isum[v][t] = vdupq_n_s32(0);
         for (int sub = 0; sub < 8; ++sub) {
             int32x4_t part[kRowVecs][NT];
             sub_block_sums<NT>(pb, xb, 2 * sub, 2, part);
+            DS4_TILE_LOOP
             for (int v = 0; v < kRowVecs; ++v) {
                 const int32x4_t sc = vld1q_s32(scales + sub * kRows + 4 * v);
+                DS4_TILE_LOOP
                 for (int t = 0; t < NT; ++t) isum[v][t] = vmlaq_s32(isum[v][t], part[v][t], sc);
             }
         }
@@ -321,8 +344,10 @@ void tile_q4_k(const GemmGroup& g, int64_t t0) {
         min_terms<NT>(reinterpret_cast<const int16_t*>(pb + kCodes256 + 8 * kRows * 4), xb, 8, 2, summs);
         const float* d = fptr(pb + kCodes256 + 8 * kRows * 4 + 8 * kVec);
         const float* dm = d + kRows;
+        DS4_TILE_LOOP
         for (int v = 0; v < kRowVecs; ++v) {
             const float32x4_t dv = vld1q_f32(d + 4 * v), dmv = vld1q_f32(dm + 4 * v);
+            DS4_TILE_LOOP
             for (int t = 0; t < NT; ++t) {
                 const float yd = load_f32(xb[t]);
                 const float32x4_t dall = vmulq_n_f32(dv, yd), dmin = vmulq_n_f32(dmv, yd);
@@ -338,7 +363,9 @@ void tile_q4_k(const GemmGroup& g, int64_t t0) {
 template <int NT>
 void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
     float32x4_t sumf[kRowVecs][NT];
+    DS4_TILE_LOOP
     for (int v = 0; v < kRowVecs; ++v)
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) sumf[v][t] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* pb = g.panel + b * kIq2Blk;
@@ -346,13 +373,17 @@ void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
         const uint8_t* xb[NT];
         token_blocks<NT>(g, t0, b, xb);
         float32x4_t s1[kRowVecs][NT], s2[kRowVecs][NT];  // even / odd sub-blocks, as the row kernel
+        DS4_TILE_LOOP
         for (int v = 0; v < kRowVecs; ++v)
+            DS4_TILE_LOOP
             for (int t = 0; t < NT; ++t) s1[v][t] = s2[v][t] = vdupq_n_f32(0.0f);
         for (int ib = 0; ib < 8; ++ib) {
             int32x4_t part[kRowVecs][NT];
             sub_block_sums<NT>(pb, xb, 2 * ib, 2, part);
+            DS4_TILE_LOOP
             for (int v = 0; v < kRowVecs; ++v) {
                 const float32x4_t sc = vld1q_f32(scales + ib * kRows + 4 * v);
+                DS4_TILE_LOOP
                 for (int t = 0; t < NT; ++t) {
                     float32x4_t& s = (ib & 1) ? s2[v][t] : s1[v][t];
                     s = vaddq_f32(s, vmulq_f32(vcvtq_f32_s32(part[v][t]), sc));
@@ -360,15 +391,19 @@ void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
             }
         }
         const float* d = fptr(pb + kCodes256 + 8 * kRows * 4);
+        DS4_TILE_LOOP
         for (int v = 0; v < kRowVecs; ++v) {
             const float32x4_t dv = vld1q_f32(d + 4 * v);
+            DS4_TILE_LOOP
             for (int t = 0; t < NT; ++t) {
                 const float32x4_t dd = vmulq_n_f32(dv, load_f32(xb[t]));
                 sumf[v][t] = vaddq_f32(sumf[v][t], vmulq_f32(dd, vaddq_f32(s1[v][t], s2[v][t])));
             }
         }
     }
+    DS4_TILE_LOOP
     for (int v = 0; v < kRowVecs; ++v)
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) sumf[v][t] = vmulq_n_f32(sumf[v][t], 0.25f);
     store_tile<NT>(g, t0, sumf);
 }
@@ -379,33 +414,44 @@ template <int NT>
 void tile_q8_0(const GemmGroup& g, int r0, int64_t t0) {
     const int64_t nb = g.n / 32;
     const uint8_t* w[kQ8Rows];
+    DS4_TILE_LOOP
     for (int r = 0; r < kQ8Rows; ++r) w[r] = g.w + (r0 + r < g.nrows ? r0 + r : g.nrows - 1) * g.row_bytes + 2;
     const uint8_t* x[NT];
+    DS4_TILE_LOOP
     for (int t = 0; t < NT; ++t) x[t] = g.xq + (t0 + t) * g.act_bytes;
     const float* dw = fptr(g.panel) + r0;
     float32x4_t acc[kQ8Rows][NT][2];
+    DS4_TILE_LOOP
     for (int r = 0; r < kQ8Rows; ++r)
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) acc[r][t][0] = acc[r][t][1] = vdupq_n_f32(0.0f);
     for (int64_t b = 0; b < nb; ++b) {
         const int p = (int)(b & 1);  // even blocks into accumulator 0, odd into 1 (row kernel)
         int8x16_t wl[kQ8Rows], wh[kQ8Rows];
+        DS4_TILE_LOOP
         for (int r = 0; r < kQ8Rows; ++r) {
             wl[r] = vld1q_s8(reinterpret_cast<const int8_t*>(w[r] + b * 34));
             wh[r] = vld1q_s8(reinterpret_cast<const int8_t*>(w[r] + b * 34 + 16));
         }
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) {
             const uint8_t* xt = x[t] + b * 36;
             const int8x16_t al = vld1q_s8(reinterpret_cast<const int8_t*>(xt + 4));
             const int8x16_t ah = vld1q_s8(reinterpret_cast<const int8_t*>(xt + 20));
             const float xd = load_f32(xt);
+            DS4_TILE_LOOP
             for (int r = 0; r < kQ8Rows; ++r) {
                 const int32x4_t dl = vdotq_s32(vdotq_s32(vdupq_n_s32(0), wl[r], al), wh[r], ah);
                 acc[r][t][p] = vfmaq_n_f32(acc[r][t][p], vcvtq_f32_s32(dl), dw[b * kRows + r] * xd);
             }
         }
     }
-    for (int r = 0; r < kQ8Rows && r0 + r < g.nrows; ++r)
+    DS4_TILE_LOOP
+    for (int r = 0; r < kQ8Rows; ++r) {
+        if (r0 + r >= g.nrows) break;
+        DS4_TILE_LOOP
         for (int t = 0; t < NT; ++t) g.y[t0 + t][g.row0 + r0 + r] = vaddvq_f32(vaddq_f32(acc[r][t][0], acc[r][t][1]));
+    }
 }
 
 void run_q8_0(const GemmGroup& g) {
