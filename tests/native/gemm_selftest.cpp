@@ -72,8 +72,12 @@ std::vector<uint8_t> random_acts(GgmlType t, int64_t n, int64_t ntok) {
     std::vector<float> x((size_t)n);
     for (int64_t k = 0; k < ntok; ++k) {
         const float scale = (float)std::ldexp(1.0, (int)below(6) - 3);
+        const int64_t kind = below(8);
         for (auto& v : x) v = scale * normal();
-        if (below(4) == 0) x[(size_t)below(n)] = 40.0f * scale;  // an outlier: other codes shrink
+        if (kind == 0) x[(size_t)below(n)] = 40.0f * scale;  // an outlier: other codes shrink
+        // Extremes: every code +-127 (largest block sums and int16 bsums), or all of one sign.
+        if (kind == 1) for (auto& v : x) v = below(2) ? scale : -scale;
+        if (kind == 2) for (auto& v : x) v = scale * (1.0f + 0.001f * (float)below(8));
         quantize_act(t, x.data(), q.data() + k * ab, n);
     }
     return q;
@@ -143,6 +147,7 @@ void check_gemm(const char* path, ThreadPool& one, ThreadPool& two) {
             const int64_t ntok = 1 + below(11);
             check_gemm_shape(path, L, rows, blocks * L.block_elems, ntok, trial % 2 ? two : one, also_scalar);
         }
+        check_gemm_shape(path, L, 9, 4096, 5, two, also_scalar);  // a model-sized row length
         check_gemm_grouped(path, L, 1 + below(20), L.block_elems * (L.block_elems == 32 ? 5 : 2), two);
     }
 }
