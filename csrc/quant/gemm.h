@@ -1,5 +1,5 @@
 // Register-blocked quantised GEMM for prefill (docs/gemm.md): a group of weight rows (16 for
-// AVX-512, 8 for AVX2: one vector of int32 lanes) is
+// AVX-512, 8 for AVX2: one vector of int32 lanes; 8 for NEON: two) is
 // decoded once into an int8 panel laid out for the dot-product instructions (4 consecutive
 // k of 16 rows per 64-byte vector), and the micro-kernel applies it to every token of the batch,
 // several tokens per register tile. The panel is scratch of one group (tens of KiB, stays in L2);
