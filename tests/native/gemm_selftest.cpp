@@ -171,7 +171,7 @@ float half_value(bool bf16, uint16_t h) {
 // Upstream's NEON order (half_tile_neon.inc), written with scalars: lanes l < 4 of accumulators A
 // (elements 8s + l) and B (8s + 4 + l) by fused multiply-add, vaddvq(A + B) = ((A0+B0) + (A1+B1))
 // + ((A2+B2) + (A3+B3)), then the tail one by one, product rounded then added.
-float neon_order_ref(bool bf16, const uint16_t* w, const float* x, int64_t n) {
+[[maybe_unused]] float neon_order_ref(bool bf16, const uint16_t* w, const float* x, int64_t n) {
     float A[4] = {0, 0, 0, 0}, B[4] = {0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
