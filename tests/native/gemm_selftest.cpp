@@ -243,11 +243,44 @@ void check_half(const char* path, ThreadPool& one, ThreadPool& two) {
     }
 }
 
+// On the scalar path (and on a CPU without dotprod, where it is the only one) no GEMM or tile is
+// offered and matmul is the scalar row kernels.
+void check_scalar_fallback(ThreadPool& pool) {
+    set_simd_path(SimdPath::Scalar);
+    for (const QuantLayout& L : kQuant) {
+        const char* name = type_traits(L.t).name;
+        ++g_checks;
+        if (quant::active_gemm(L.t, nullptr, L.block_elems) != nullptr) {
+            ++g_failures;
+            std::printf("FAIL scalar %s: a GEMM is offered\n", name);
+        }
+        const int64_t rows = 5, n = 2 * L.block_elems, ntok = 6;
+        const std::vector<uint8_t> w = random_matrix(L, rows, n);
+        const std::vector<uint8_t> q = random_acts(L.t, n, ntok);
+        std::vector<float> y((size_t)(rows * ntok), NAN);
+        matmul(L.t, w.data(), rows, n, q.data(), ntok, y.data(), &pool);
+        const quant::DotFn row = quant::dot_fn(quant::scalar_kernels(), L.t);
+        for (int64_t k = 0; k < ntok; ++k)
+            for (int64_t r = 0; r < rows; ++r)
+                expect_same(y[(size_t)(k * rows + r)], row(w.data() + r * row_bytes(L.t, n), q.data() + k * act_bytes(L.t, n), n),
+                            "matmul vs scalar row kernel", "scalar", name, rows, n, ntok);
+    }
+    ++g_checks;
+    if (quant::active_half_block(GgmlType::F16) || quant::active_half_block(GgmlType::BF16)) {
+        ++g_failures;
+        std::printf("FAIL scalar: an F16/BF16 tile is offered\n");
+    }
+}
+
 }  // namespace
 
 int main() {
     ThreadPool one(1), two(2);
+    check_scalar_fallback(two);
     int gemm_paths = 0;
+    std::printf("paths available:");
+    for (SimdPath p : available_simd_paths()) std::printf(" %s", simd_path_name(p));
+    std::printf("\n");
     for (SimdPath p : available_simd_paths()) {
         if (p == SimdPath::Scalar) continue;
         set_simd_path(p);
@@ -261,5 +294,6 @@ int main() {
         check_half(path, one, two);
     }
     std::printf("%d checks, %d failures\n", g_checks, g_failures);
-    return g_failures == 0 && gemm_paths > 0 ? 0 : 1;
+    std::printf("paths with a GEMM: %d\n", gemm_paths);
+    return g_failures == 0 ? 0 : 1;
 }
