@@ -120,7 +120,7 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     }
     // Where the path has a prepared form, the activation is rearranged once for all rows
     // (dot_kernels.h); its row kernel has DotFn's signature and gives the same results.
-    const PreparedDot prep = prepared_dot(active_kernels(), t);
+    const PreparedDot prep = prepared_vec_dot(active_kernels(), t);
     // The several-rows kernels read the plain activation layout, never a prepared one.
     DotRowsFn rows_fn = prep.dot ? nullptr : dot_rows_fn(active_kernels(), t);
     const void* xa = xq;
