@@ -341,7 +341,7 @@ static inline __m512 q8_0_scales16_gpr(const uint8_t* wb) {
 
 // Eight blocks from wb against their prepared codes xc: lane j = sum of block j's code products
 // with the weight offset to u8 (w ^ 0x80 = w + 128), without the correction.
-static inline __m256i q8_0_vec_group8(const uint8_t* wb, const uint8_t* xc) {
+__attribute__((always_inline)) static inline __m256i q8_0_vec_group8(const uint8_t* wb, const uint8_t* xc) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     __m256i p[8];
     for (int j = 0; j < 8; ++j) {
