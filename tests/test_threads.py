@@ -62,10 +62,11 @@ def _check_thread_counts(qtype):
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.IQ2_XXS, Q.Q2_K], ids=lambda q: q.name)
 def test_many_ranges_bit_identical(qtype, restore_threads):
-    """Decode-sized weights, where matvec / matvec_experts split the rows into up to 16 ranges per
-    thread (matvec.cpp): every thread count gives the one-thread bits."""
-    n = 2048
-    rows, n_expert = 700, 4
+    """Weights large enough (~72 MB; 54 MB for the three experts used) that matvec and
+    matvec_experts split the rows into more than the default 4 ranges per thread at 2 and 3
+    threads (matvec.cpp): every thread count gives the one-thread bits."""
+    n, n_expert = 4096, 4
+    rows = (18 << 20) // core.row_bytes(int(qtype), n)
     raw = random_weights(qtype, n, rows * n_expert, 11)
     x = activation(n, 12, "normal")
     X = activation(n, 13, "normal", batch=3)

@@ -19,10 +19,14 @@ using namespace quant;
 namespace {
 
 // Ranges per thread of a weight-streaming row split. At the end of a job one thread finishes its
-// last range while the other waits (on average half a range), so short ranges pay: with the
-// pool's default 4, a 2-thread matvec over the output head (8 ranges of 35 MB) lost ~1/16 of its
-// time there. The counter costs one atomic per range and a row range needs no setup.
-constexpr int kMatvecRangesPerThread = 16;
+// last range while the other waits (on average half a range), so on a large matrix short ranges
+// pay: with the pool's default 4, a 2-thread matvec over the output head (8 ranges of 35 MB)
+// could lose up to 1/8 of its time there. But each range starts its software prefetch afresh, so
+// ranges stay at least ~4 MB: up to 16 per thread on large matrices, the default 4 below that.
+int ranges_per_thread(int64_t bytes, const ThreadPool& pool) {
+    const int64_t per = bytes / ((int64_t)pool.size() * (4 << 20));
+    return per < 4 ? 4 : per > 16 ? 16 : (int)per;
+}
 
 // Rows per task: enough weight bytes (~64 KiB) that scheduling cost is noise next to streaming.
 int64_t min_rows_per_task(int64_t row_bytes) {
@@ -140,7 +144,7 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     pool_or_global(pool).parallel_for(
         rows,
         [&](int64_t r0, int64_t r1) { dot_rows(fn, rows_fn, wb, wb + r1 * rb, rb, r0, r1, xa, n, y + r0); },
-        min_rows_per_task(rb), kMatvecRangesPerThread);
+        min_rows_per_task(rb), ranges_per_thread(rows * rb, pool_or_global(pool)));
 }
 
 void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, int64_t nb, float* y,
@@ -241,7 +245,7 @@ void matvec_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
                 k += e - r;
             }
         },
-        min_rows_per_task(rb), kMatvecRangesPerThread);
+        min_rows_per_task(rb), ranges_per_thread(n_ids * mat_bytes, pool_or_global(pool)));
 }
 
 void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, int64_t n, const int32_t* ids,
