@@ -198,17 +198,26 @@ static inline void q8_0_weights8(const uint8_t* wb, __m256i* wv) {
     }
 }
 
-// f16 scales of 16 consecutive blocks (4 bytes gathered at each block start: d plus two codes,
-// inside the block; vpmovdw keeps d).
-static inline __m512 q8_0_scales16(const uint8_t* wb) {
-    const __m512i ofs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(34));
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(ofs, wb, 1)));
-}
-
+// f16 scales of 8 consecutive blocks (4 bytes gathered at each block start: d plus two codes,
+// inside the block; vpmovdw keeps d). Once per row at most (the trailing group of 8).
 static inline __m256 q8_0_scales8(const uint8_t* wb) {
     const __m256i ofs = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
     return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_i32gather_epi32(reinterpret_cast<const int*>(wb), ofs, 1)));
+}
+
+// f16 scales of 16 consecutive blocks: four scales per 64-bit word assembled in general
+// registers, two words per 128 bits. (A 16-lane gather of them took ~30 % of the one-activation
+// kernel's time on Zen 4; the integer pipes doing this are otherwise idle in these kernels.)
+static inline __m512 q8_0_scales16(const uint8_t* wb) {
+    uint64_t q[4];
+    for (int h = 0; h < 4; ++h) {
+        const uint8_t* s = wb + 4 * h * 34;
+        q[h] = (uint64_t)load_u16(s) | (uint64_t)load_u16(s + 34) << 16 | (uint64_t)load_u16(s + 68) << 32 |
+               (uint64_t)load_u16(s + 102) << 48;
+    }
+    const __m128i lo = _mm_insert_epi64(_mm_cvtsi64_si128((long long)q[0]), (long long)q[1], 1);
+    const __m128i hi = _mm_insert_epi64(_mm_cvtsi64_si128((long long)q[2]), (long long)q[3], 1);
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
 template <int NA>
@@ -324,21 +333,6 @@ void q8_0_prepare_vec(const void* xq, int64_t n, void* prep) {
     }
 }
 
-// f16 scales of 16 consecutive blocks without a gather: four scales per 64-bit word assembled in
-// general registers, two words per 128 bits. (The 16-lane gather took ~30 % of this kernel's
-// time on Zen 4; the integer pipes doing this are otherwise idle here.)
-static inline __m512 q8_0_scales16_gpr(const uint8_t* wb) {
-    uint64_t q[4];
-    for (int h = 0; h < 4; ++h) {
-        const uint8_t* s = wb + 4 * h * 34;
-        q[h] = (uint64_t)load_u16(s) | (uint64_t)load_u16(s + 34) << 16 | (uint64_t)load_u16(s + 68) << 32 |
-               (uint64_t)load_u16(s + 102) << 48;
-    }
-    const __m128i lo = _mm_insert_epi64(_mm_cvtsi64_si128((long long)q[0]), (long long)q[1], 1);
-    const __m128i hi = _mm_insert_epi64(_mm_cvtsi64_si128((long long)q[2]), (long long)q[3], 1);
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
-}
-
 // Eight blocks from wb against their prepared codes xc: lane j = sum of block j's code products
 // with the weight offset to u8 (w ^ 0x80 = w + 128), without the correction.
 __attribute__((always_inline)) static inline __m256i q8_0_vec_group8(const uint8_t* wb, const uint8_t* xc) {
@@ -368,7 +362,7 @@ float q8_0_dot_vec(const void* w, const void* prep, int64_t n) {
     int64_t b = 0;
     for (; b + 16 <= n8; b += 16) {
         const uint8_t* wb = wp + b * 34;
-        const __m512 wd = q8_0_scales16_gpr(wb);
+        const __m512 wd = q8_0_scales16(wb);
         for (int g = 0; g < 2; ++g) {
             const int64_t bg = b + 8 * g;
             const __m256i isum = _mm256_add_epi32(q8_0_vec_group8(wp + bg * 34, codes + bg * 32),
