@@ -222,11 +222,13 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
         }
     }
     if (total_units == 0) return;
+    // The workers read the caller's plans: a thread_local named inside the lambda would be theirs.
+    const Plan* const plan = plans.data();
     pool_or_global(pool).parallel_for(
         total_units,
         [&](int64_t u0, int64_t u1) {
             for (int i = 0; i < n_parts && u0 < u1; ++i) {
-                const Plan& pl = plans[(size_t)i];
+                const Plan& pl = plan[i];
                 const int64_t end = pl.first_unit + pl.units;
                 if (u0 >= end) continue;
                 const int64_t e = u1 < end ? u1 : end;
