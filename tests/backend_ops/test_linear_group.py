@@ -81,3 +81,20 @@ def test_linear_group_rejects_bad_members():
     with pytest.raises(ds4.errors.InvalidArgumentError, match="more than 8"):
         h.linear_group([ok] * (MAX_MEMBERS + 1), x)
     assert h.linear_group([], x) == []
+
+
+def test_linear_group_same_bits_for_any_thread_count():
+    """The single decode dispatch splits the units differently for each pool size; no output may
+    change (default SIMD path, 1 to 5 threads, against one-thread separate linears)."""
+    import ds4._core as core
+
+    rng = np.random.default_rng(11)
+    x = floats(rng, 1, 512)
+    members = _members([Q.F16, Q.Q8_0, Q.Q2_K, Q.F32, Q.BF16, Q.Q4_K, Q.IQ2_XXS], [700, 500, 900, 130, 260, 333, 1000],
+                       512, 5)
+    one = core.OpHarness("cpu", "", 1)
+    want = [one.linear(w, t, n, r, x) for w, t, n, r in members]
+    for threads in (1, 2, 3, 5):
+        got = core.OpHarness("cpu", "", threads).linear_group(members, x)
+        for i in range(len(members)):
+            assert_exact(got[i], want[i], f"member {i} at {threads} threads")
