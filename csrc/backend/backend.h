@@ -47,6 +47,7 @@ public:
     virtual void rms_norm(const RmsNormArgs& a) = 0;
     virtual void head_rms_norm(const HeadRmsNormArgs& a) = 0;
     virtual void linear(const LinearArgs& a) = 0;
+    virtual void linear_group(const LinearGroupArgs& a) = 0;
     virtual void grouped_output_a(const GroupedOutputAArgs& a) = 0;
     virtual void hc_pre(const HcPreArgs& a) = 0;
     virtual void hc_post(const HcPostArgs& a) = 0;

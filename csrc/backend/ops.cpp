@@ -1,5 +1,9 @@
 #include "backend/ops.h"
 
+#include <string>
+
+#include "common/errors.h"
+
 namespace ds4 {
 namespace backend {
 
@@ -9,6 +13,7 @@ const char* op_name(Op op) {
         case Op::RmsNorm: return "rms_norm";
         case Op::HeadRmsNorm: return "head_rms_norm";
         case Op::Linear: return "linear";
+        case Op::LinearGroup: return "linear_group";
         case Op::GroupedOutputA: return "grouped_output_a";
         case Op::HcPre: return "hc_pre";
         case Op::HcPost: return "hc_post";
@@ -33,6 +38,33 @@ const char* op_name(Op op) {
         case Op::kCount: break;
     }
     return "unknown";
+}
+
+void check_linear_group(const LinearGroupArgs& a) {
+    if (a.count < 0 || a.count > LinearGroupArgs::kMax) {
+        fail(ErrorKind::InvalidArgument, "linear_group: " + std::to_string(a.count) + " weights (0.." +
+                                             std::to_string(LinearGroupArgs::kMax) + ")");
+    }
+    for (int i = 0; i < a.count; ++i) {
+        const TensorRef* w = a.w[i];
+        if (!w) fail(ErrorKind::InvalidArgument, "linear_group: weight " + std::to_string(i) + " is null");
+        if (w->ne[0] != a.x.width() || a.y[i].width() != w->ne[1] || a.y[i].rows() != a.x.rows()) {
+            fail(ErrorKind::InvalidArgument,
+                 "linear_group: weight " + std::to_string(i) + " [" + std::to_string(w->ne[0]) + " x " +
+                     std::to_string(w->ne[1]) + "] does not fit input rows of " + std::to_string(a.x.width()) +
+                     " and output " + std::to_string(a.y[i].rows()) + " rows of " + std::to_string(a.y[i].width()));
+        }
+    }
+}
+
+LinearGroupArgs& LinearGroupArgs::add(const TensorRef* weight, const Tensor& out) {
+    if (count >= kMax) {
+        fail(ErrorKind::InvalidArgument, "linear_group: more than " + std::to_string(kMax) + " weights in one group");
+    }
+    w[count] = weight;
+    y[count] = out;
+    ++count;
+    return *this;
 }
 
 }  // namespace backend

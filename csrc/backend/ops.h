@@ -26,6 +26,7 @@ enum class Op : int {
     RmsNorm,           // per row, plain (weight null) or weighted
     HeadRmsNorm,       // per head of each row, plain, in place
     Linear,            // y = W x for every row (matvec for one row, matmul for many), any weight type
+    LinearGroup,       // y_i = W_i x for several weights over one input: x prepared once per activation type
     GroupedOutputA,    // attention output A: group g of the heads through rows g*rank.. of Wa
     HcPre,             // HC pre: RMS(flat) -> mix projection -> Sinkhorn split -> weighted sum
     HcPost,            // HC post: block * post + comb^T * residual
@@ -78,6 +79,27 @@ struct LinearArgs {
     Tensor x;                    // rows of n (x.width() == w->ne[0])
     Tensor y;                    // rows of out
 };
+
+// Several linears over the same input rows (the attention input feeds up to 7 projections, the
+// FFN input 3): each output is exactly what Linear computes for its weight (same kernels, same
+// per-row order), but the input is prepared once per activation type the weights need (Q8_0-act,
+// Q8_K, floats) and a backend may run all the products in one dispatch. docs/architecture.md.
+struct LinearGroupArgs {
+    static constexpr int kMax = 8;
+    Tensor x;                            // rows of n (every weight's ne[0] == n)
+    int count = 0;
+    const TensorRef* w[kMax] = {};       // [n x out_i] any weight types, mixed
+    Tensor y[kMax];                      // rows of out_i, one per row of x (must not alias x)
+
+    LinearGroupArgs() = default;
+    explicit LinearGroupArgs(const Tensor& input) : x(input) {}
+    // Appends W -> y; more than kMax members throws InvalidArgument (ops.cpp).
+    LinearGroupArgs& add(const TensorRef* weight, const Tensor& out);
+};
+
+// Throws InvalidArgument unless every member fits: W.ne[0] == x width, y rows of W.ne[1], one
+// per row of x (backends check this before touching memory).
+void check_linear_group(const LinearGroupArgs& a);
 
 struct GroupedOutputAArgs {
     const TensorRef* wa;         // [group_dim x n_group*rank]

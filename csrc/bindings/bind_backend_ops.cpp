@@ -205,6 +205,25 @@ void init_backend_ops(py::module_& m) {
                 return h.out(ty);
             });
         })
+        // members: (weight bytes, GGML type, n, rows) each; x: rows of its last dimension's width.
+        // Returns one output array per member.
+        .def("linear_group", [](OpHarness& h, const std::vector<std::tuple<W, uint32_t, int64_t, int64_t>>& members,
+                                F32Array x) {
+            return h.call([&] {
+                Tensor tx = h.in(x);
+                LinearGroupArgs g(tx);
+                std::vector<Tensor> ys;
+                for (const auto& m : members) {
+                    const TensorRef* tw = h.weight(std::get<0>(m), std::get<1>(m), {std::get<2>(m), std::get<3>(m)});
+                    ys.push_back(h.alloc(DType::F32, std::get<3>(m), tx.rows()));
+                    g.add(tw, ys.back());
+                }
+                h.st().linear_group(g);
+                std::vector<py::array_t<float>> out;
+                for (const Tensor& y : ys) out.push_back(h.out(y));
+                return out;
+            });
+        })
         .def("grouped_output_a", [](OpHarness& h, W w, uint32_t type, int64_t group_dim, int64_t n_group,
                                     int64_t rank, F32Array heads) {
             return h.call([&] {

@@ -96,32 +96,28 @@ void attention_layer(const ForwardContext& fc, const LayerWeights& L, KvState& k
     st.hc_pre({&w.hc_attn_fn, &w.hc_attn_scale, &w.hc_attn_base, rows_of(A.hc, nb), rows_of(A.sub_in, nb),
                rows_of(A.hc_split, nb), s.n_hc, s.sinkhorn_iters, s.rms_eps, s.hc_eps});
     st.rms_norm({rows_of(A.sub_in, nb), rows_of(A.normed, nb), &w.attn_norm, s.rms_eps});
-    st.linear({&w.attn_q_a, rows_of(A.normed, nb), rows_of(A.q_low, nb)});
-    st.rms_norm({rows_of(A.q_low, nb), rows_of(A.q_low_normed, nb), &w.attn_q_a_norm, s.rms_eps});
-    st.linear({&w.attn_q_b, rows_of(A.q_low_normed, nb), rows_of(A.q, nb)});
-    st.head_rms_norm({rows_of(A.q, nb), s.n_head, D, s.rms_eps});
-    st.linear({&w.attn_kv, rows_of(A.normed, nb), rows_of(A.kv_proj, nb)});
-    st.rms_norm({rows_of(A.kv_proj, nb), rows_of(A.kv_row, nb), &w.attn_kv_a_norm, s.rms_eps});
 
     const int64_t cw = Shape::coff(ratio) * D, icw = Shape::coff(ratio) * I;
     const Tensor comp_kv = packed(A.comp_kv, cw, nb), comp_score = packed(A.comp_score, cw, nb);
     const Tensor index_kv = packed(A.index_kv, icw, nb), index_score = packed(A.index_score, icw, nb);
-    bool need_indexer = false;
-    if (ratio != 0) {
-        st.linear({&L.comp.kv, rows_of(A.normed, nb), comp_kv});
-        st.linear({&L.comp.gate, rows_of(A.normed, nb), comp_score});
-    }
-    if (ratio == 4) {
-        st.linear({&L.indexer.comp.kv, rows_of(A.normed, nb), index_kv});
-        st.linear({&L.indexer.comp.gate, rows_of(A.normed, nb), index_score});
-        // Upper bound of the rows any token of this batch can see (one new row per 4 tokens at
-        // most), from the live count so a loaded state with unusual counts is covered too.
-        need_indexer = indexer_needed(s, kv.layer(il).n_index_comp + (nb + 3) / 4);
-        if (need_indexer) {
-            st.linear({&L.indexer.q_b, rows_of(A.q_low_normed, nb), rows_of(A.index_q, nb)});
-            st.linear({&L.indexer.proj, rows_of(A.normed, nb), rows_of(A.index_w, nb)});
-        }
-    }
+    // Upper bound of the rows any token of this batch can see (one new row per 4 tokens at most),
+    // from the live count so a loaded state with unusual counts is covered too.
+    const bool need_indexer = ratio == 4 && indexer_needed(s, kv.layer(il).n_index_comp + (nb + 3) / 4);
+    // Every projection of the normed input is one LinearGroup (the input prepared once per
+    // activation type, docs/architecture.md); likewise the two of the normed low-rank query.
+    backend::LinearGroupArgs from_normed(rows_of(A.normed, nb));
+    from_normed.add(&w.attn_q_a, rows_of(A.q_low, nb)).add(&w.attn_kv, rows_of(A.kv_proj, nb));
+    if (ratio != 0) from_normed.add(&L.comp.kv, comp_kv).add(&L.comp.gate, comp_score);
+    if (ratio == 4) from_normed.add(&L.indexer.comp.kv, index_kv).add(&L.indexer.comp.gate, index_score);
+    if (need_indexer) from_normed.add(&L.indexer.proj, rows_of(A.index_w, nb));
+    st.linear_group(from_normed);
+    st.rms_norm({rows_of(A.q_low, nb), rows_of(A.q_low_normed, nb), &w.attn_q_a_norm, s.rms_eps});
+    backend::LinearGroupArgs from_q_low(rows_of(A.q_low_normed, nb));
+    from_q_low.add(&w.attn_q_b, rows_of(A.q, nb));
+    if (need_indexer) from_q_low.add(&L.indexer.q_b, rows_of(A.index_q, nb));
+    st.linear_group(from_q_low);
+    st.head_rms_norm({rows_of(A.q, nb), s.n_head, D, s.rms_eps});
+    st.rms_norm({rows_of(A.kv_proj, nb), rows_of(A.kv_row, nb), &w.attn_kv_a_norm, s.rms_eps});
 
     // Row-wise steps that do not read the cache run over the whole batch.
     st.rope_tail({rows_of(A.q, nb), s.n_head, D, s.n_rot, pos0, rope, false});
@@ -206,9 +202,11 @@ void ffn_layer(const ForwardContext& fc, const FfnWeights& w, const int32_t* tok
     st.hc_pre({&w.hc_ffn_fn, &w.hc_ffn_scale, &w.hc_ffn_base, rows_of(A.hc_mid, nb), rows_of(A.sub_in, nb),
                rows_of(A.hc_split, nb), s.n_hc, s.sinkhorn_iters, s.rms_eps, s.hc_eps});
     st.rms_norm({rows_of(A.sub_in, nb), rows_of(A.normed, nb), &w.ffn_norm, s.rms_eps});
-    st.linear({&w.gate_inp, rows_of(A.normed, nb), rows_of(A.router_logits, nb)});
-    st.linear({&w.gate_shexp, rows_of(A.normed, nb), rows_of(A.shared_gate, nb)});
-    st.linear({&w.up_shexp, rows_of(A.normed, nb), rows_of(A.shared_up, nb)});
+    backend::LinearGroupArgs from_normed(rows_of(A.normed, nb));
+    from_normed.add(&w.gate_inp, rows_of(A.router_logits, nb))
+        .add(&w.gate_shexp, rows_of(A.shared_gate, nb))
+        .add(&w.up_shexp, rows_of(A.shared_up, nb));
+    st.linear_group(from_normed);
     st.swiglu({rows_of(A.shared_gate, nb), rows_of(A.shared_up, nb), rows_of(A.shared_mid, nb), s.swiglu_clamp, 1.0f});
     st.linear({&w.down_shexp, rows_of(A.shared_mid, nb), rows_of(A.shared_out, nb)});
 

@@ -27,4 +27,17 @@ struct ActBuffer {
 void linear(const TensorRef& w, const float* x, int64_t nb, float* y, ActBuffer& act, ThreadPool* pool,
             int64_t x_stride = 0);
 
+// One member of linear_group: Y = W x over the group's batch (out = W.ne[1] floats per token).
+struct LinearOut {
+    const TensorRef* w;
+    float* y;
+};
+
+// linear() of every member over the same nb rows of x (n = every W.ne[0], rows x_stride floats
+// apart, 0 meaning n), bit-identical to separate calls: x is prepared once per activation type the
+// weights need (act_type_for) instead of once per weight, and for one token all the mat-vecs run
+// in one dispatch (matvec_group); batches run each weight's matmul on the shared activations.
+void linear_group(const LinearOut* outs, int count, const float* x, int64_t nb, ActBuffer& act, ThreadPool* pool,
+                  int64_t x_stride = 0);
+
 }  // namespace ds4

@@ -30,6 +30,19 @@ void quantize_q8_K(const float* x, BlockQ8K* out, int64_t n);
 void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, float* y,
             ThreadPool* pool = nullptr);
 
+// One member of matvec_group: y[r] = dot(W row r, xq) for r < rows, W of type t (rows of n).
+struct MatvecPart {
+    GgmlType t;
+    const void* w;
+    int64_t rows;
+    const void* xq;      // the activation prepared for t (quantize_act); parts may share one
+    float* y;
+};
+
+// matvec() of every part in one parallel dispatch over the parts' concatenated rows (the
+// same-input projections of a layer). Each y is bit-identical to matvec() of its part.
+void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* pool = nullptr);
+
 // Batch of nb activations (each act_bytes(t, n) apart): Y[b*rows + r] = dot(W row r, xq_b).
 void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, int64_t nb, float* y,
             ThreadPool* pool = nullptr);

@@ -147,6 +147,116 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
         min_rows_per_task(rb), ranges_per_thread(rows * rb, pool_or_global(pool)));
 }
 
+// One dispatch for several matvecs over one activation (kernels.h): each part's rows are cut into
+// units of ~64 KiB of weights (min_rows_per_task), the units of all parts are numbered one after
+// another, and the pool splits that list, so a task may finish one weight and start the next.
+// Each unit runs the same kernel matvec() would pick for its part (prepared form, several-rows
+// kernel, F16/BF16 tile), and every output row is one kernel result independent of where the
+// split falls, so the outputs are matvec()'s bits.
+void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* pool) {
+    if (n_parts < 0 || (n_parts > 0 && !parts)) fail(ErrorKind::InvalidArgument, "matvec_group: bad part list");
+    struct Plan {
+        DotFn fn = nullptr;
+        DotRowsFn rows_fn = nullptr;
+        HalfBlockFn half = nullptr;
+        const uint8_t* w = nullptr;
+        int64_t rb = 0, rows = 0, unit_rows = 1, first_unit = 0, units = 0;
+        const void* xa = nullptr;
+        float* y = nullptr;
+    };
+    // Prepared activations (Q8_0's rearranged form, aligned float copies), one per distinct
+    // (kind, type, activation) of the group: parts that share an activation share its preparation.
+    struct Prepared {
+        int kind;
+        GgmlType t;
+        const void* xq;
+        std::vector<uint8_t> bytes;
+        const void* data;
+    };
+    thread_local std::vector<Plan> plans;
+    thread_local std::vector<Prepared> prepared;
+    plans.assign((size_t)n_parts, Plan{});
+    prepared.reserve((size_t)n_parts);   // no reallocation below: `data` may point into `bytes`
+    size_t n_prepared = 0;
+    auto prepare_once = [&](int kind, GgmlType t, const void* xq, auto make) -> const void* {
+        for (size_t i = 0; i < n_prepared; ++i) {
+            const Prepared& p = prepared[i];
+            if (p.kind == kind && p.t == t && p.xq == xq) return p.data;
+        }
+        if (prepared.size() <= n_prepared) prepared.emplace_back();
+        Prepared& p = prepared[n_prepared++];
+        p.kind = kind;
+        p.t = t;
+        p.xq = xq;
+        p.data = make(p.bytes);
+        return p.data;
+    };
+    int64_t total_units = 0;
+    for (int i = 0; i < n_parts; ++i) {
+        const MatvecPart& part = parts[i];
+        Plan& pl = plans[(size_t)i];
+        check_dims("matvec_group", part.rows, n);
+        pl.rb = row_bytes(part.t, n);
+        pl.fn = dot_fn(active_kernels(), part.t);
+        act_bytes(part.t, n);
+        pl.first_unit = total_units;
+        if (part.rows == 0) continue;
+        check_ptrs("matvec_group", part.w, part.xq, part.y);
+        pl.w = static_cast<const uint8_t*>(part.w);
+        pl.rows = part.rows;
+        pl.y = part.y;
+        pl.unit_rows = min_rows_per_task(pl.rb);
+        pl.units = (part.rows + pl.unit_rows - 1) / pl.unit_rows;
+        total_units += pl.units;
+        if ((pl.half = active_half_block(part.t))) {
+            // The tiles want 64-byte aligned float activations (matmul_half.h): the same values.
+            pl.xa = prepare_once(0, GgmlType::F32, part.xq, [&](std::vector<uint8_t>& b) -> const void* {
+                if ((reinterpret_cast<uintptr_t>(part.xq) & 63) == 0) return part.xq;
+                b.resize((size_t)n * 4 + 64);
+                uint8_t* p = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(b.data()) + 63) & ~uintptr_t(63));
+                std::memcpy(p, part.xq, (size_t)n * 4);
+                return p;
+            });
+            continue;
+        }
+        const PreparedDot prep = prepared_dot(active_kernels(), part.t);
+        pl.rows_fn = prep.dot ? nullptr : dot_rows_fn(active_kernels(), part.t);
+        pl.xa = part.xq;
+        if (prep.dot) {
+            pl.fn = prep.dot;
+            pl.xa = prepare_once(1, part.t, part.xq, [&](std::vector<uint8_t>& b) -> const void* {
+                b.resize((size_t)prep.bytes(n));
+                prep.prepare(part.xq, n, b.data());
+                return b.data();
+            });
+        }
+    }
+    if (total_units == 0) return;
+    // The workers read the caller's plans: a thread_local named inside the lambda would be theirs.
+    const Plan* const plan = plans.data();
+    pool_or_global(pool).parallel_for(
+        total_units,
+        [&](int64_t u0, int64_t u1) {
+            for (int i = 0; i < n_parts && u0 < u1; ++i) {
+                const Plan& pl = plan[i];
+                const int64_t end = pl.first_unit + pl.units;
+                if (u0 >= end) continue;
+                const int64_t e = u1 < end ? u1 : end;
+                const int64_t r0 = (u0 - pl.first_unit) * pl.unit_rows;
+                const int64_t r1 = (e - pl.first_unit) * pl.unit_rows < pl.rows ? (e - pl.first_unit) * pl.unit_rows
+                                                                                 : pl.rows;
+                if (pl.half) {
+                    pl.half(pl.w + r0 * pl.rb, pl.rb, r1 - r0, static_cast<const float*>(pl.xa), n, 1, n, pl.y + r0,
+                            pl.rows);
+                } else {
+                    dot_rows(pl.fn, pl.rows_fn, pl.w, pl.w + r1 * pl.rb, pl.rb, r0, r1, pl.xa, n, pl.y + r0);
+                }
+                u0 = e;
+            }
+        },
+        1);
+}
+
 void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, int64_t nb, float* y,
             ThreadPool* pool) {
     check_dims("matmul", rows, n);

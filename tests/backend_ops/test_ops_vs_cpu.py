@@ -27,7 +27,8 @@ def _block(q: Q) -> int:
 
 
 def test_every_op_is_covered():
-    """The op list of the C++ interface and the ops this suite runs are the same set."""
+    """The op list of the C++ interface and the ops this suite runs are the same set (linear_group:
+    test_linear_group.py)."""
     assert set(core.op_names()) == set(COVERED)
 
 
@@ -328,7 +329,7 @@ def test_add_fill_copy_argmax(name, h, n, nb, value, seed):
     assert h.argmax(row) == REFERENCE.argmax(row) == int(np.argmax(row))
 
 
-COVERED = ["linear", "grouped_output_a", "embed_tokens_hc", "rms_norm", "head_rms_norm", "hc_pre", "hc_post",
+COVERED = ["linear", "linear_group", "grouped_output_a", "embed_tokens_hc", "rms_norm", "head_rms_norm", "hc_pre", "hc_post",
            "hc_collapse_norm", "rope_tail", "fp8_kv_roundtrip", "store_row_f16", "compressor_store",
            "compressor_pool", "compressor_shift", "indexer_scores", "top_k_mask", "attention", "attention_block",
            "router", "routed_experts", "swiglu", "add", "fill", "copy", "argmax"]

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "common/errors.h"
@@ -93,6 +94,13 @@ public:
 
     void linear(const LinearArgs& a) override {
         ds4::linear(*a.w, f32(a.x), a.x.rows(), f32(a.y), act_, pool_, a.x.width());
+    }
+
+    void linear_group(const LinearGroupArgs& a) override {
+        check_linear_group(a);
+        LinearOut outs[LinearGroupArgs::kMax];
+        for (int i = 0; i < a.count; ++i) outs[i] = LinearOut{a.w[i], f32(a.y[i])};
+        ds4::linear_group(outs, a.count, f32(a.x), a.x.rows(), act_, pool_, a.x.width());
     }
 
     void grouped_output_a(const GroupedOutputAArgs& a) override {

@@ -56,7 +56,7 @@ WeightLocation MetalBackend::locate(const uint8_t* p, uint64_t bytes, const std:
 
 bool MetalBackend::supports(Op op, GgmlType t) const {
     switch (op) {
-        case Op::EmbedTokensHc: case Op::Linear: case Op::GroupedOutputA:
+        case Op::EmbedTokensHc: case Op::Linear: case Op::LinearGroup: case Op::GroupedOutputA:
             return linear_ops_supports(op, t);
         case Op::RmsNorm: case Op::HeadRmsNorm: case Op::StoreRowF16: case Op::Swiglu: case Op::Add: case Op::Fill:
         case Op::Copy: case Op::Argmax:

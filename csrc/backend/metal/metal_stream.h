@@ -71,6 +71,7 @@ public:
     // ---- ops (file of each in brackets) ----
     void embed_tokens_hc(const EmbedTokensHcArgs& a) override;        // ops_linear.cpp
     void linear(const LinearArgs& a) override;                        // ops_linear.cpp
+    void linear_group(const LinearGroupArgs& a) override;             // ops_linear.cpp
     void grouped_output_a(const GroupedOutputAArgs& a) override;      // ops_linear.cpp
     void rms_norm(const RmsNormArgs& a) override;                     // ops_elementwise.cpp
     void head_rms_norm(const HeadRmsNormArgs& a) override;            // ops_elementwise.cpp

@@ -3,6 +3,8 @@
 // matmul.metal). Grids and arguments as in ds4.metal_emu.ops, the reference host.
 #include "backend/metal/ops_linear.h"
 
+#include <cstring>
+
 #include "common/errors.h"
 
 namespace ds4 {
@@ -28,6 +30,10 @@ void check_width(int64_t n, const QuantKernel& k, const char* op) {
                                              " is not a multiple of the weight block (" + std::to_string(k.block_elems) + ")");
     }
 }
+
+// Two weight kernels read the same activation rows when they name the same quantiser (or none:
+// floats).
+bool same_act_kernel(const char* a, const char* b) { return a == b || (a && b && std::strcmp(a, b) == 0); }
 
 }  // namespace
 
@@ -69,6 +75,33 @@ void MetalStream::linear(const LinearArgs& a) {
     if (a.x.width() != n) fail(ErrorKind::InvalidArgument, "metal: linear: activation width differs from the weight's");
     const ActRows x = quantize_rows(*this, k, a.x, n, nb, "linear.act");
     matvec_or_matmul(*this, k, arg(w), n, rows, x.arg, x.stride, nb, arg(a.y), a.y.width());
+}
+
+// Linear for each member, with one quantisation of x per activation kernel (members whose
+// kernels share act_kernel read the same scratch rows): the same kernels on the same inputs as
+// separate Linear calls, so the same bits. Each product stays its own dispatch (docs/metal.md).
+void MetalStream::linear_group(const LinearGroupArgs& a) {
+    check_linear_group(a);
+    static const char* const kSlots[LinearGroupArgs::kMax] = {"group.act0", "group.act1", "group.act2", "group.act3",
+                                                              "group.act4", "group.act5", "group.act6", "group.act7"};
+    const int64_t nb = a.x.rows();
+    const char* act_kernel[LinearGroupArgs::kMax];
+    ActRows act[LinearGroupArgs::kMax];
+    int n_acts = 0;
+    for (int i = 0; i < a.count; ++i) {
+        const TensorRef& w = *a.w[i];
+        const QuantKernel& k = kernel_for(w.type, "linear_group");
+        const int64_t n = w.ne[0];
+        check_width(n, k, "linear_group");
+        int j = 0;
+        while (j < n_acts && !same_act_kernel(act_kernel[j], k.act_kernel)) ++j;
+        if (j == n_acts) {
+            act_kernel[j] = k.act_kernel;
+            act[j] = quantize_rows(*this, k, a.x, n, nb, kSlots[j]);
+            ++n_acts;
+        }
+        matvec_or_matmul(*this, k, arg(w), n, w.ne[1], act[j].arg, act[j].stride, nb, arg(a.y[i]), a.y[i].width());
+    }
 }
 
 // Group g: rows g*rank.. of Wa (bound at their byte offset, no copy) times the heads' group g.
