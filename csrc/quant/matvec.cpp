@@ -219,7 +219,7 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
             });
             continue;
         }
-        const PreparedDot prep = prepared_dot(active_kernels(), part.t);
+        const PreparedDot prep = prepared_vec_dot(active_kernels(), part.t);  // matvec()'s choice
         pl.rows_fn = prep.dot ? nullptr : dot_rows_fn(active_kernels(), part.t);
         pl.xa = part.xq;
         if (prep.dot) {
