@@ -4,6 +4,7 @@
 
 #include "sampling/binade_sum_impl.h"
 #include "sampling/exp_weights.h"
+#include "sampling/scan.h"
 
 // Why a binade at a time is exact (docs/sampling.md). While the running sum s lies in the binade
 // [2^e, 2^(e+1)) it is an integer number S of units u = 2^(e-23), and fl(s + w) for w >= 0 is the
@@ -55,6 +56,47 @@ int64_t binade_weight_walk(const float* x, const float* wa, int64_t n, float r) 
     if (sampling_avx512()) return binade_weight_walk_avx512(x, wa, n, r);
 #endif
     return binade::walk_plain(x, n, r);
+}
+
+namespace {
+
+// Runs f(x, m, offset) over the arguments of a[0..n) in pieces of a stack buffer.
+template <class F>
+void logit_pieces(const float* a, int64_t n, float m, float t, F&& f) {
+    float x[1024];
+    for (int64_t i = 0; i < n; i += 1024) {
+        const int64_t k = n - i < 1024 ? n - i : 1024;
+        shifted_args(a + i, k, m, t, x);
+        if (!f(x, k, i)) return;
+    }
+}
+
+}  // namespace
+
+float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_logit_total_avx512(a, n, m, t, all_finite);
+#endif
+    float s = 0.0f, w[1024];
+    logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t) {
+        exp_weights(x, w, k);
+        for (int64_t j = 0; j < k; ++j) s += w[j];
+        return true;
+    });
+    return s;
+}
+
+int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_finite, float r) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_logit_walk_avx512(a, n, m, t, all_finite, r);
+#endif
+    int64_t hit = -1;
+    logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t i) {
+        const int64_t h = binade::walk_plain(x, k, r);
+        if (h >= 0) hit = i + h;
+        return h < 0;
+    });
+    return hit;
 }
 
 int64_t binade_seq_walk(const float* w, int64_t n, float r) {

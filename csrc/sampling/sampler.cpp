@@ -328,7 +328,8 @@ bool Sampler::filter_sorted(float total, float top_p, float min_p, bool list_is_
 }
 
 void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float min_p) {
-    const float m = finite_max(a, n);
+    int64_t n_finite = 0;
+    const float m = finite_max(a, n, &n_finite);
     if (m == kNegInf) {   // no finite logit
         c_.no_draw = argmax_logits(a, n);
         return;
@@ -340,20 +341,28 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         select_min_p(a, n, m, t, min_p);
         return;
     }
+    if (top_p >= 1.0f) {   // min_p 0: every token kept, in id order; the weights stay implicit
+        const bool all_finite = n_finite == n;
+        const float total = binade_logit_total(a, n, m, t, all_finite);
+        if (!(total > 0.0f && std::isfinite(total))) return;
+        c_.draw = true;
+        c_.count = n;
+        c_.sum = total;
+        c_.logits = a;
+        c_.m = m;
+        c_.t = t;
+        c_.all_finite = all_finite;
+        return;
+    }
 
     // Every finite token's weight (non-finite logits weigh 0: they add nothing to sums or walks),
     // evaluated exactly only where the total needs it (binade_sum.h).
     x_.resize((size_t)n);
-    const int64_t n_finite = shifted_args(a, n, m, t, x_.data());
+    shifted_args(a, n, m, t, x_.data());
     const bool need_mass = top_p < 1.0f && min_p == 0.0f;
     wall_.resize((size_t)n);   // approximate weights: guides for the mass threshold and the walk
     const float total = binade_weight_total(x_.data(), n, wall_.data());
     if (!(total > 0.0f && std::isfinite(total))) return;
-
-    if (top_p >= 1.0f) {   // min_p 0: every token kept, in id order
-        c_ = Candidates{true, c_.no_draw, c_.after_walk, nullptr, nullptr, n, total, x_.data(), wall_.data()};
-        return;
-    }
 
     // Sorted branch: a sorted prefix that the filters stop inside decides; grow it until one does.
     // Prefixes are taken by logit (logit_floor), so equal logits are never split.
@@ -470,6 +479,10 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
     const Candidates& c = select(a, n, p);
     if (!c.draw) return c.no_draw;
     float r = rng_uniform(rng_state) * c.sum;
+    if (c.logits) {
+        const int64_t i = binade_logit_walk(c.logits, c.count, c.m, c.t, c.all_finite, r);
+        return i >= 0 ? (int32_t)i : c.after_walk;
+    }
     if (c.x) {
         const int64_t i = binade_weight_walk(c.x, c.wa, c.count, r);
         return i >= 0 ? c.id(i) : c.after_walk;
@@ -498,8 +511,14 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
     // pool when allowed), each evaluated and scaled while in cache.
     wall_.resize((size_t)c.count);
     float* w = wall_.data();
+    if (c.logits) x_.resize((size_t)c.count);
     auto piece = [&](int64_t i0, int64_t i1) {
-        exp_weights(c.x + i0, w + i0, i1 - i0);
+        const float* x = c.x;
+        if (c.logits) {
+            shifted_args(c.logits + i0, i1 - i0, c.m, c.t, x_.data() + i0);
+            x = x_.data();
+        }
+        exp_weights(x + i0, w + i0, i1 - i0);
         scale(w, i0, i1);
     };
     constexpr int64_t kPiece = 4096;

@@ -32,6 +32,11 @@ struct Candidates {
     float sum = 0.0f;
     const float* x = nullptr;
     const float* wa = nullptr;   // with x: approximations of those weights (binade_sum.h)
+    // The whole vocabulary's weights straight from the logits (neither ids, w nor x): those of
+    // the arguments fl(fl(logits[i] - m) / t), -inf where a logit is not finite.
+    const float* logits = nullptr;
+    float m = 0.0f, t = 1.0f;
+    bool all_finite = false;
     int32_t id(int64_t i) const { return ids ? ids[i] : (int32_t)i; }
 };
 
