@@ -86,6 +86,16 @@ float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_f
     return s;
 }
 
+void approx_logit_weights(const float* a, int64_t n, float m, float t, bool all_finite, float* wa) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return approx_logit_weights_avx512(a, n, m, t, all_finite, wa);
+#endif
+    logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t i) {
+        exp_weights(x, wa + i, k);
+        return true;
+    });
+}
+
 int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_finite, float r) {
 #if defined(DS4_ARCH_X86)
     if (sampling_avx512()) return binade_logit_walk_avx512(a, n, m, t, all_finite, r);

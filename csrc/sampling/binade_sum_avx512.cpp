@@ -413,6 +413,17 @@ float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, boo
     return total(Logits{a, m, t, all_finite}, n, nullptr);
 }
 
+void approx_logit_weights_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float* wa) {
+    const Logits src{a, m, t, all_finite};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) _mm512_storeu_ps(wa + i, approx_exp(src.load(i)));
+    if (i < n) {
+        alignas(64) float xb[kLanes];
+        src.copy(i, n - i, xb);
+        approx_exp_weights_avx512(xb, wa + i, n - i);
+    }
+}
+
 int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float r) {
     return walk(Logits{a, m, t, all_finite}, nullptr, n, r);
 }

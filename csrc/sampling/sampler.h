@@ -37,6 +37,9 @@ struct Candidates {
     const float* logits = nullptr;
     float m = 0.0f, t = 1.0f;
     bool all_finite = false;
+    // Every kept weight is exactly 1 (all finite logits equal; ids, or token i itself): sums are
+    // integers, so the draw's walk is arithmetic.
+    bool ones = false;
     int32_t id(int64_t i) const { return ids ? ids[i] : (int32_t)i; }
 };
 
@@ -67,7 +70,10 @@ private:
     template <class T> using Scratch = std::vector<T, NoInit<T>>;
 
     void select_full(const float* a, int64_t n, float t, float top_p, float min_p);
-    void select_min_p(const float* a, int64_t n, float m, float t, float min_p);
+    void select_min_p(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float min_p);
+    void keep_all_finite(const float* a, int64_t n, float m, float t, bool all_finite);
+    // All finite logits equal (n_finite of them, fewer than 2^24): every weight is exp(0) = 1.
+    void select_equal(const float* a, int64_t n, int64_t n_finite, float top_p, float min_p);
     void select_top_k(const float* a, int64_t n, float t, int64_t k, float top_p, float min_p);
     // Keeps the prefix of the sorted candidates (ids_, weights w_) that min-p and top-p let
     // through; false when neither filter stopped inside the list.
@@ -82,6 +88,7 @@ private:
     Scratch<int32_t> ids_, tmp_ids_;
     Scratch<uint64_t> keys_, tmp_keys_;
     std::vector<float> maxima_;
+    std::vector<uint32_t> radix_count_;
 };
 
 }  // namespace ds4
