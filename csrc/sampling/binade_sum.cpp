@@ -73,27 +73,18 @@ void logit_pieces(const float* a, int64_t n, float m, float t, F&& f) {
 
 }  // namespace
 
-float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite) {
+float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite, float* wa) {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return binade_logit_total_avx512(a, n, m, t, all_finite);
+    if (sampling_avx512()) return binade_logit_total_avx512(a, n, m, t, all_finite, wa);
 #endif
-    float s = 0.0f, w[1024];
-    logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t) {
-        exp_weights(x, w, k);
+    float s = 0.0f, buf[1024];
+    logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t i) {
+        float* w = wa ? wa + i : buf;
+        exp_weights(x, w, k);   // the exact weights: the best approximation there is
         for (int64_t j = 0; j < k; ++j) s += w[j];
         return true;
     });
     return s;
-}
-
-void approx_logit_weights(const float* a, int64_t n, float m, float t, bool all_finite, float* wa) {
-#if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return approx_logit_weights_avx512(a, n, m, t, all_finite, wa);
-#endif
-    logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t i) {
-        exp_weights(x, wa + i, k);
-        return true;
-    });
 }
 
 int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_finite, float r) {

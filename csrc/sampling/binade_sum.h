@@ -23,11 +23,9 @@ int64_t binade_weight_walk(const float* x, const float* wa, int64_t n, float r);
 // binade_weight_total and binade_weight_walk over the arguments of logits a, shifted_args(a, m, t)
 // (scan.h), computed as they are read: the whole vocabulary's passes read the logits alone.
 // all_finite: a has no NaN or inf (then the finiteness test is skipped; results do not change).
-float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite);
+// wa (when not null) receives approximations of the weights, as binade_weight_total's.
+float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite, float* wa = nullptr);
 int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_finite, float r);
-
-// Approximations of the weights of logits a (as binade_weight_total's wa): guides only.
-void approx_logit_weights(const float* a, int64_t n, float m, float t, bool all_finite, float* wa);
 
 // The same walk over given weights w (any values): the first i where fl(r - ...) <= 0, or -1.
 int64_t binade_seq_walk(const float* w, int64_t n, float r);

@@ -181,13 +181,18 @@ inline __mmask16 approx_round(__m512 y, __m512i& acc) {
 // The units of `blocks` blocks from i0 at the unit 2^-E (E >= 0) from the weights' approximations,
 // blocks with an uncertain lane rounding their exact weights instead: false when even those are
 // uncertain (a tie). One test per span in the common case that every lane is certain.
+// wa_out (when given) receives the approximate weights (y scaled back by 2^-E).
 template <class Src>
-bool fast_units(const Src& src, int64_t i0, int blocks, int E, int32_t& units) {
+bool fast_units(const Src& src, int64_t i0, int blocks, int E, float* wa_out, int32_t& units) {
     const ExpTable tab(E);
     __m512i acc = _mm512_setzero_si512();
     unsigned bad = 0;
-    for (int b = 0; b < blocks; ++b)
-        if (approx_round(approx_exp_scaled(src.load(i0 + b * kLanes), tab), acc) != 0xFFFF) bad |= 1u << b;
+    const __m512 unscale = _mm512_set1_ps(std::ldexp(1.0f, -E));
+    for (int b = 0; b < blocks; ++b) {
+        const __m512 y = approx_exp_scaled(src.load(i0 + b * kLanes), tab);
+        if (wa_out) _mm512_storeu_ps(wa_out + i0 + b * kLanes, _mm512_mul_ps(y, unscale));
+        if (approx_round(y, acc) != 0xFFFF) bad |= 1u << b;
+    }
     // each lane added 1.5 * 2^23's bits once per block: take them off (int32 arithmetic wraps,
     // the true total is small)
     int32_t d = _mm512_reduce_add_epi32(acc) - (int32_t)(0x4B400000u * (uint32_t)(blocks * kLanes));
@@ -219,10 +224,10 @@ bool zero_blocks(const Src& src, int64_t i0, int blocks) {
 }
 
 // units_of, through fast_units where it applies (approximate terms with no approximations to
-// read or store, and a unit of at most 1).
+// read, and a unit of at most 1).
 template <class Src>
 bool span_units(const Src& src, int64_t i0, const float* wa, float* wa_out, int blocks, binade::Unit b, int32_t& d) {
-    if (Src::kApprox && !wa && !wa_out && b.inv_u >= 1.0f) return fast_units(src, i0, blocks, std::ilogb(b.inv_u), d);
+    if (Src::kApprox && !wa && b.inv_u >= 1.0f) return fast_units(src, i0, blocks, std::ilogb(b.inv_u), wa_out, d);
     return units_of(src, i0, wa, wa_out, blocks, b.inv_u, d);
 }
 
@@ -409,19 +414,8 @@ int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, fl
 
 int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) { return walk(Weights{w}, nullptr, n, r); }
 
-float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite) {
-    return total(Logits{a, m, t, all_finite}, n, nullptr);
-}
-
-void approx_logit_weights_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float* wa) {
-    const Logits src{a, m, t, all_finite};
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) _mm512_storeu_ps(wa + i, approx_exp(src.load(i)));
-    if (i < n) {
-        alignas(64) float xb[kLanes];
-        src.copy(i, n - i, xb);
-        approx_exp_weights_avx512(xb, wa + i, n - i);
-    }
+float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float* wa) {
+    return total(Logits{a, m, t, all_finite}, n, wa);
 }
 
 int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float r) {

@@ -360,9 +360,11 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
 
     // Every finite token's weight (non-finite logits weigh 0: they add nothing to sums or walks),
     // evaluated exactly only where the total needs it (binade_sum.h).
-    const float total = binade_logit_total(a, n, m, t, all_finite);
-    if (!(total > 0.0f && std::isfinite(total))) return;
+    // min_p 0: the mass threshold below needs approximate weights, taken on the way.
     const bool need_mass = min_p == 0.0f;
+    if (need_mass) wall_.resize((size_t)n);
+    const float total = binade_logit_total(a, n, m, t, all_finite, need_mass ? wall_.data() : nullptr);
+    if (!(total > 0.0f && std::isfinite(total))) return;
 
     // Sorted branch: a sorted prefix that the filters stop inside decides; grow it until one does.
     // Prefixes are taken by logit (logit_floor), so equal logits are never split.
@@ -385,8 +387,6 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // (approximate) weights hold a little more than that are a sorted prefix that very likely
         // contains the stop; filter_sorted checks that it does, else the pools below decide.
         // A second, 4x lower guess covers an unlucky estimate before the pools take over.
-        wall_.resize((size_t)n);   // approximate weights: guides for the mass threshold
-        approx_logit_weights(a, n, m, t, all_finite, wall_.data());
         float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_, w_);
         for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
             collect_logits_at_least(a, n, logit_floor(m, t, c));
