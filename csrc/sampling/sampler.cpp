@@ -159,6 +159,12 @@ DS4_SAMPLING_HOT float block_max(const float* a, int64_t m, float init) {
     return r;
 }
 
+// out[i] = (float)((double)w[i] * inv): probabilities() (a clone per ISA: the conversions and
+// multiplies are the same IEEE operations in either).
+DS4_SAMPLING_HOT void scale_weights(const float* w, int64_t n, double inv, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = (float)((double)w[i] * inv);
+}
+
 // First i with a finite a[i] (n when none).
 int64_t first_finite(const float* a, int64_t n) {
     for (int64_t i = 0; i < n; ++i)
@@ -566,35 +572,30 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
         }
         return;
     }
+    // w holds the weights of [i0, i1) (w[0] is token i0's).
     auto scale = [&](const float* w, int64_t i0, int64_t i1) {
         if (c.ids) {
-            for (int64_t i = i0; i < i1; ++i) probs[c.ids[i]] = (float)((double)w[i] * inv);
+            for (int64_t i = i0; i < i1; ++i) probs[c.ids[i]] = (float)((double)w[i - i0] * inv);
         } else {
-            for (int64_t i = i0; i < i1; ++i) probs[i] = (float)((double)w[i] * inv);
+            scale_weights(w, i1 - i0, inv, probs + i0);
         }
     };
     if (c.w) return scale(c.w, 0, c.count);
     // The whole vocabulary (or the min-p survivors), weights not evaluated yet: in pieces (on the
-    // pool when allowed), each evaluated and scaled while in cache.
-    wall_.resize((size_t)c.count);
-    float* w = wall_.data();
-    if (c.logits) x_.resize((size_t)c.count);
+    // pool when allowed), arguments and weights in the caller's stack while in cache.
+    constexpr int64_t kPiece = 2048;
     auto piece = [&](int64_t i0, int64_t i1) {
-        const float* x = c.x;
-        if (c.logits) {
-            shifted_args(c.logits + i0, i1 - i0, c.m, c.t, x_.data() + i0);
-            x = x_.data();
-        }
-        exp_weights(x + i0, w + i0, i1 - i0);
-        scale(w, i0, i1);
+        alignas(64) float xb[kPiece], wb[kPiece];
+        if (c.logits) shifted_args(c.logits + i0, i1 - i0, c.m, c.t, xb);
+        exp_weights(c.logits ? xb : c.x + i0, wb, i1 - i0);
+        scale(wb, i0, i1);
     };
-    constexpr int64_t kPiece = 4096;
     const int64_t pieces = (c.count + kPiece - 1) / kPiece;
     auto run = [&](int64_t p0, int64_t p1) {
         for (int64_t q = p0; q < p1; ++q) piece(q * kPiece, std::min(c.count, (q + 1) * kPiece));
     };
-    if (sampling_threads() > 1 && pieces > 4) {
-        ThreadPool::global().parallel_for(pieces, run, 2);
+    if (sampling_threads() > 1 && pieces > 8) {
+        ThreadPool::global().parallel_for(pieces, run, 4);
     } else {
         run(0, pieces);
     }
