@@ -334,7 +334,8 @@ float binade_seq_sum_avx512(const float* w, int64_t n) { return total(Weights{w}
 // predicted unit (units_of, the same test as the serial loop); (4) serially, each chunk whose
 // actual running sum has the predicted unit adds its units exactly as the serial loop would, and
 // any other chunk runs the serial loop's own steps. The result is the serial loop's, bit for bit.
-float total_parallel(const float* x, int64_t n, float* wa, ThreadPool& pool) {
+template <class Src>
+float total_parallel(const Src& x, int64_t n, float* wa, ThreadPool& pool) {
     const int64_t chunk = kChunkBlocks * kLanes;
     const int64_t n_chunks = n / chunk;
     struct ChunkInfo {
@@ -348,10 +349,9 @@ float total_parallel(const float* x, int64_t n, float* wa, ThreadPool& pool) {
     info.resize((size_t)n_chunks);
     pool.parallel_for(n_chunks, [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {
-            const float* src = x + c * chunk;
             float* out = wa + c * chunk;
             ChunkInfo& ci = info[(size_t)c];
-            ci.zero = zero_blocks(Args{x}, c * chunk, kChunkBlocks);
+            ci.zero = zero_blocks(x, c * chunk, kChunkBlocks);
             if (ci.zero) {
                 std::memset(out, 0, sizeof(float) * chunk);
                 ci.approx_sum = 0.0f;
@@ -359,7 +359,7 @@ float total_parallel(const float* x, int64_t n, float* wa, ThreadPool& pool) {
             }
             __m512 acc = _mm512_setzero_ps();
             for (int k = 0; k < chunk; k += kLanes) {
-                const __m512 w = approx_exp(_mm512_loadu_ps(src + k));
+                const __m512 w = approx_exp(x.load(c * chunk + k));
                 _mm512_storeu_ps(out + k, w);
                 acc = _mm512_add_ps(acc, w);
             }
@@ -379,7 +379,7 @@ float total_parallel(const float* x, int64_t n, float* wa, ThreadPool& pool) {
             ci.ok = false;
             if (ci.zero || ci.u == 0.0f) continue;
             const binade::Unit b = binade::unit_of(ci.u * 0x1p23f);
-            ci.ok = units_of(Args{x}, c * chunk, wa, nullptr, kChunkBlocks, b.inv_u, ci.units);
+            ci.ok = units_of(x, c * chunk, wa, nullptr, kChunkBlocks, b.inv_u, ci.units);
         }
     }, 64);
     float s = 0.0f;
@@ -398,15 +398,15 @@ float total_parallel(const float* x, int64_t n, float* wa, ThreadPool& pool) {
             }
         }
         for (int64_t k = i; k < i + chunk; k += kLanes)   // the serial loop's steps
-            if (!add_span(Args{x}, k, wa, 1, s)) add_plain(Args{x}, k, wa, kLanes, s);
+            if (!add_span(x, k, wa, 1, s)) add_plain(x, k, wa, kLanes, s);
     }
-    for (int64_t i = n_chunks * chunk; i < n; i += chunk) add_plain(Args{x}, i, wa, std::min<int64_t>(chunk, n - i), s);
+    for (int64_t i = n_chunks * chunk; i < n; i += chunk) add_plain(x, i, wa, std::min<int64_t>(chunk, n - i), s);
     return s;
 }
 
 float binade_weight_total_avx512(const float* x, int64_t n, float* wa) {
     if (wa && n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1)
-        return total_parallel(x, n, wa, ThreadPool::global());
+        return total_parallel(Args{x}, n, wa, ThreadPool::global());
     return total(Args{x}, n, wa);
 }
 
@@ -415,7 +415,16 @@ int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, fl
 int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) { return walk(Weights{w}, nullptr, n, r); }
 
 float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float* wa) {
-    return total(Logits{a, m, t, all_finite}, n, wa);
+    const Logits src{a, m, t, all_finite};
+    if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
+        static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
+        if (!wa) {
+            guides.resize((size_t)n);
+            wa = guides.data();
+        }
+        return total_parallel(src, n, wa, ThreadPool::global());
+    }
+    return total(src, n, wa);
 }
 
 int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float r) {
