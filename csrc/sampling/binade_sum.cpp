@@ -1,5 +1,6 @@
 #include "sampling/binade_sum.h"
 
+#include <cmath>
 #include <vector>
 
 #include "sampling/binade_sum_impl.h"
@@ -73,9 +74,24 @@ void logit_pieces(const float* a, int64_t n, float m, float t, F&& f) {
 
 }  // namespace
 
-float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite, float* wa) {
+namespace {
+
+// A logit below which the weight is exactly 0: l - m < -105 t (1 + 2^-19) keeps fl(l - m) and
+// the quotient by t below -105 after their roundings (2^-24 each), and exp(-105) rounds to float
+// 0. -inf when even the smallest finite logit is not below it (nothing to skip).
+float zero_weight_floor(float m, float t, float lowest) {
+    const double bound = (double)m - 105.0 * (double)t * (1.0 + std::ldexp(1.0, -19));
+    if (!(bound > -3.0e38)) return -__builtin_inff();
+    float f = (float)bound;
+    if ((double)f > bound) f = std::nextafter(f, -__builtin_inff());
+    return f > lowest ? f : -__builtin_inff();
+}
+
+}  // namespace
+
+float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, float* wa) {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return binade_logit_total_avx512(a, n, m, t, all_finite, wa);
+    if (sampling_avx512()) return binade_logit_total_avx512(a, n, m, t, all_finite, zero_weight_floor(m, t, lowest), wa);
 #endif
     float s = 0.0f, buf[1024];
     logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t i) {
@@ -87,9 +103,10 @@ float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_f
     return s;
 }
 
-int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_finite, float r) {
+int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, const float* wa,
+                          float r) {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return binade_logit_walk_avx512(a, n, m, t, all_finite, r);
+    if (sampling_avx512()) return binade_logit_walk_avx512(a, n, m, t, all_finite, zero_weight_floor(m, t, lowest), wa, r);
 #endif
     int64_t hit = -1;
     logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t i) {

@@ -45,6 +45,20 @@ alignas(64) constexpr float kExp2Table[32] = {
 // error below 2^-125 * 2^E absolute. The table `tab` holds the bits of 2^(j/32) less j << 18, plus
 // E << 23, so that adding k << 18 (k's low bits shifted: 32q + j becomes (q << 23) + (j << 18))
 // scales by 2^(q+E) with one integer add; E >= 0 keeps every result a normal float (q >= -126).
+// 2^e for |e| <= 126, and the exponent of a power of two (no libm calls: these run per span).
+inline float pow2(int e) {
+    const uint32_t b = (uint32_t)(e + 127) << 23;
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+inline int exponent_of(float p) {
+    uint32_t b;
+    std::memcpy(&b, &p, sizeof b);
+    return (int)(b >> 23) - 127;
+}
+
 struct ExpTable {
     __m512 lo, hi;
     explicit ExpTable(int e) {
@@ -117,6 +131,9 @@ struct Logits {
     const float* a;
     float m, t;
     bool all_finite;   // no NaN or inf among a: the finiteness test is skipped
+    // Logits below this weigh exactly 0 (their arguments are below -105); -inf when no logit is
+    // (then no span is tested for zero weights: the test would only cost).
+    float zero_below;
     __m512 args(__m512 v) const {
         __m512 d = _mm512_sub_ps(v, _mm512_set1_ps(m));
         if (t != 1.0f) d = _mm512_div_ps(d, _mm512_set1_ps(t));
@@ -181,27 +198,29 @@ inline __mmask16 approx_round(__m512 y, __m512i& acc) {
 // The units of `blocks` blocks from i0 at the unit 2^-E (E >= 0) from the weights' approximations,
 // blocks with an uncertain lane rounding their exact weights instead: false when even those are
 // uncertain (a tie). One test per span in the common case that every lane is certain.
-// wa_out (when given) receives the approximate weights (y scaled back by 2^-E).
+// The approximations come from wa when given (scaled by 2^E: exact), else are evaluated;
+// wa_out (when given) receives them (y scaled back by 2^-E).
 template <class Src>
-bool fast_units(const Src& src, int64_t i0, int blocks, int E, float* wa_out, int32_t& units) {
+bool fast_units(const Src& src, int64_t i0, int blocks, int E, const float* wa, float* wa_out, int32_t& units) {
     const ExpTable tab(E);
     __m512i acc = _mm512_setzero_si512();
     unsigned bad = 0;
-    const __m512 unscale = _mm512_set1_ps(std::ldexp(1.0f, -E));
+    const __m512 unscale = _mm512_set1_ps(pow2(-E)), scale = _mm512_set1_ps(pow2(E));
     for (int b = 0; b < blocks; ++b) {
-        const __m512 y = approx_exp_scaled(src.load(i0 + b * kLanes), tab);
-        if (wa_out) _mm512_storeu_ps(wa_out + i0 + b * kLanes, _mm512_mul_ps(y, unscale));
+        const int64_t i = i0 + b * kLanes;
+        const __m512 y = wa ? _mm512_mul_ps(_mm512_loadu_ps(wa + i), scale) : approx_exp_scaled(src.load(i), tab);
+        if (wa_out) _mm512_storeu_ps(wa_out + i, _mm512_mul_ps(y, unscale));
         if (approx_round(y, acc) != 0xFFFF) bad |= 1u << b;
     }
     // each lane added 1.5 * 2^23's bits once per block: take them off (int32 arithmetic wraps,
     // the true total is small)
     int32_t d = _mm512_reduce_add_epi32(acc) - (int32_t)(0x4B400000u * (uint32_t)(blocks * kLanes));
-    const float inv_u = std::ldexp(1.0f, E);
+    const float inv_u = pow2(E);
     alignas(64) float xb[kLanes], wb[kLanes];
     for (; bad; bad &= bad - 1) {
         const int64_t k = i0 + (int64_t)__builtin_ctz(bad) * kLanes;
         __m512i wrong = _mm512_setzero_si512();
-        approx_round(approx_exp_scaled(src.load(k), tab), wrong);
+        approx_round(wa ? _mm512_mul_ps(_mm512_loadu_ps(wa + k), scale) : approx_exp_scaled(src.load(k), tab), wrong);
         d -= _mm512_reduce_add_epi32(wrong) - (int32_t)(0x4B400000u * (uint32_t)kLanes);
         src.copy(k, kLanes, xb);
         exp_weights(xb, wb, kLanes);
@@ -223,11 +242,25 @@ bool zero_blocks(const Src& src, int64_t i0, int blocks) {
     return all == 0xFFFF;
 }
 
-// units_of, through fast_units where it applies (approximate terms with no approximations to
-// read, and a unit of at most 1).
+// The same on the logits themselves: one compare per 16 (NaN and +inf are never below, so such
+// a block is evaluated, to the same 0 weights).
+bool zero_blocks(const Logits& src, int64_t i0, int blocks) {
+    __mmask16 all = 0xFFFF;
+    for (int k = 0; k < blocks * kLanes; k += kLanes)
+        all &= _mm512_cmp_ps_mask(_mm512_loadu_ps(src.a + i0 + k), _mm512_set1_ps(src.zero_below), _CMP_LT_OQ);
+    return all == 0xFFFF;
+}
+
+// Whether spans are tested for zero weights before the model: logits that may weigh 0 (low
+// temperatures, peaked logits: long runs of them are skipped at one compare per 16).
+template <class Src>
+bool skips_zeros(const Src&) { return false; }
+bool skips_zeros(const Logits& src) { return src.zero_below > -__builtin_inff(); }
+
+// units_of, through fast_units where it applies (approximate terms and a unit of at most 1).
 template <class Src>
 bool span_units(const Src& src, int64_t i0, const float* wa, float* wa_out, int blocks, binade::Unit b, int32_t& d) {
-    if (Src::kApprox && !wa && b.inv_u >= 1.0f) return fast_units(src, i0, blocks, std::ilogb(b.inv_u), wa_out, d);
+    if (Src::kApprox && b.inv_u >= 1.0f) return fast_units(src, i0, blocks, exponent_of(b.inv_u), wa, wa_out, d);
     return units_of(src, i0, wa, wa_out, blocks, b.inv_u, d);
 }
 
@@ -236,10 +269,12 @@ bool span_units(const Src& src, int64_t i0, const float* wa, float* wa_out, int 
 // still 0) such blocks are skipped: s + 0 = s, as in the plain loop.
 template <class Src>
 bool add_span(const Src& src, int64_t i0, float* wa, int blocks, float& s) {
-    if (!(s >= binade::kModelMin && s <= binade::kModelMax)) {
-        if (!Src::kApprox || !zero_blocks(src, i0, blocks)) return false;
-        if (wa) std::memset(wa + i0, 0, sizeof(float) * blocks * kLanes);
-        return true;
+    if (!(s >= binade::kModelMin && s <= binade::kModelMax) || skips_zeros(src)) {
+        if (Src::kApprox && zero_blocks(src, i0, blocks)) {   // s + 0 = s
+            if (wa) std::memset(wa + i0, 0, sizeof(float) * blocks * kLanes);
+            return true;
+        }
+        if (!(s >= binade::kModelMin && s <= binade::kModelMax)) return false;
     }
     const binade::Unit b = binade::unit_of(s);
     int32_t d;
@@ -285,8 +320,11 @@ float total(const Src& src, int64_t n, float* wa) {
 // One span of the walk: true when the model took it (r stays above its binade's floor).
 template <class Src>
 bool walk_span(const Src& src, int64_t i0, const float* wa, int blocks, float& r) {
-    if (!(r >= binade::kModelMin && r <= binade::kModelMax))
-        return Src::kApprox && r > 0.0f && zero_blocks(src, i0, blocks);   // r - 0 = r stays > 0
+    const bool in_model = r >= binade::kModelMin && r <= binade::kModelMax;
+    if (!in_model || skips_zeros(src)) {
+        if (Src::kApprox && r > 0.0f && zero_blocks(src, i0, blocks)) return true;   // r - 0 = r stays > 0
+        if (!in_model) return false;
+    }
     const binade::Unit b = binade::unit_of(r);
     int32_t d;
     if (!span_units(src, i0, wa, nullptr, blocks, b, d)) return false;
@@ -405,8 +443,14 @@ float total_parallel(const Src& x, int64_t n, float* wa, ThreadPool& pool) {
 }
 
 float binade_weight_total_avx512(const float* x, int64_t n, float* wa) {
-    if (wa && n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1)
+    if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
+        static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
+        if (!wa) {
+            guides.resize((size_t)n);
+            wa = guides.data();
+        }
         return total_parallel(Args{x}, n, wa, ThreadPool::global());
+    }
     return total(Args{x}, n, wa);
 }
 
@@ -414,8 +458,8 @@ int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, fl
 
 int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) { return walk(Weights{w}, nullptr, n, r); }
 
-float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float* wa) {
-    const Logits src{a, m, t, all_finite};
+float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, float* wa) {
+    const Logits src{a, m, t, all_finite, zero_below};
     if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
         static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
         if (!wa) {
@@ -427,8 +471,8 @@ float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, boo
     return total(src, n, wa);
 }
 
-int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float r) {
-    return walk(Logits{a, m, t, all_finite}, nullptr, n, r);
+int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, const float* wa, float r) {
+    return walk(Logits{a, m, t, all_finite, zero_below}, wa, n, r);
 }
 
 // The sum is non-decreasing (terms >= 0, rounding to nearest is monotone) and so is fl(s / total):

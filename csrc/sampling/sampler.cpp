@@ -362,14 +362,14 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
 
     const bool all_finite = n_finite == n;
     if (top_p >= 1.0f && min_p > 0.0f) return select_min_p(a, n, m, lowest, all_finite, t, min_p);
-    if (top_p >= 1.0f) return keep_all_finite(a, n, m, t, all_finite);   // min_p 0
+    if (top_p >= 1.0f) return keep_all_finite(a, n, m, lowest, t, all_finite);   // min_p 0
 
     // Every finite token's weight (non-finite logits weigh 0: they add nothing to sums or walks),
     // evaluated exactly only where the total needs it (binade_sum.h).
     // min_p 0: the mass threshold below needs approximate weights, taken on the way.
     const bool need_mass = min_p == 0.0f;
     if (need_mass) wall_.resize((size_t)n);
-    const float total = binade_logit_total(a, n, m, t, all_finite, need_mass ? wall_.data() : nullptr);
+    const float total = binade_logit_total(a, n, m, t, all_finite, lowest, need_mass ? wall_.data() : nullptr);
     if (!(total > 0.0f && std::isfinite(total))) return;
 
     // Sorted branch: a sorted prefix that the filters stop inside decides; grow it until one does.
@@ -415,16 +415,29 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     c_ = Candidates{true, c_.no_draw, ids_[c_.count - 1], ids_.data(), w_.data(), c_.count, c_.sum};
 }
 
-void Sampler::keep_all_finite(const float* a, int64_t n, float m, float t, bool all_finite) {
-    // Every finite token kept, in id order; the weights stay implicit (the walk reads the logits).
-    const float total = binade_logit_total(a, n, m, t, all_finite);
+void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, float t, bool all_finite) {
+    // Every finite token kept, in id order; the weights stay implicit: the walk reads the logits,
+    // or at a temperature other than 1 the arguments, divided once here (the division is the
+    // slowest step of a pass, and the walk would repeat it).
+    float total;
+    wall_.resize((size_t)n);   // approximate weights: the walk reads them instead of evaluating again
+    if (t != 1.0f) {
+        x_.resize((size_t)n);
+        shifted_args(a, n, m, t, x_.data());
+        total = binade_weight_total(x_.data(), n, wall_.data());
+    } else {
+        total = binade_logit_total(a, n, m, t, all_finite, lowest, wall_.data());
+    }
     if (!(total > 0.0f && std::isfinite(total))) return;
     c_.draw = true;
     c_.count = n;
     c_.sum = total;
     c_.logits = a;
+    c_.x = t != 1.0f ? x_.data() : nullptr;
+    c_.wa = wall_.data();
     c_.m = m;
     c_.t = t;
+    c_.lowest = lowest;
     c_.all_finite = all_finite;
 }
 
@@ -439,7 +452,7 @@ void Sampler::select_min_p(const float* a, int64_t n, float m, float lowest, boo
     // The smallest finite logit's argument is the smallest argument: when it is sure, every
     // finite token is kept and the whole vocabulary's walk over the logits applies.
     const float lowest_arg = t == 1.0f ? lowest - m : (lowest - m) / t;
-    if (lowest_arg >= sure) return keep_all_finite(a, n, m, t, all_finite);
+    if (lowest_arg >= sure) return keep_all_finite(a, n, m, lowest, t, all_finite);
     collect_logits_at_least(a, n, logit_floor(m, t, min_p));
     const int64_t k0 = (int64_t)ids_.size();
     x_.resize((size_t)k0);
@@ -543,7 +556,8 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
         // r = 0 stops at the first kept token, which the walk over every logit (non-finite
         // ones weighing 0) would not: it would stop at token 0 whatever it is.
         if (!(r > 0.0f)) return (int32_t)first_finite(c.logits, c.count);
-        const int64_t i = binade_logit_walk(c.logits, c.count, c.m, c.t, c.all_finite, r);
+        const int64_t i = c.x ? binade_weight_walk(c.x, c.wa, c.count, r)
+                              : binade_logit_walk(c.logits, c.count, c.m, c.t, c.all_finite, c.lowest, c.wa, r);
         return i >= 0 ? (int32_t)i : c.after_walk;
     }
     if (c.x) {
@@ -586,8 +600,9 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
     constexpr int64_t kPiece = 2048;
     auto piece = [&](int64_t i0, int64_t i1) {
         alignas(64) float xb[kPiece], wb[kPiece];
-        if (c.logits) shifted_args(c.logits + i0, i1 - i0, c.m, c.t, xb);
-        exp_weights(c.logits ? xb : c.x + i0, wb, i1 - i0);
+        const bool from_logits = c.x == nullptr;   // else the arguments are there
+        if (from_logits) shifted_args(c.logits + i0, i1 - i0, c.m, c.t, xb);
+        exp_weights(from_logits ? xb : c.x + i0, wb, i1 - i0);
         scale(wb, i0, i1);
     };
     const int64_t pieces = (c.count + kPiece - 1) / kPiece;

@@ -35,7 +35,7 @@ struct Candidates {
     // The whole vocabulary's weights straight from the logits (neither ids, w nor x): those of
     // the arguments fl(fl(logits[i] - m) / t), -inf where a logit is not finite.
     const float* logits = nullptr;
-    float m = 0.0f, t = 1.0f;
+    float m = 0.0f, t = 1.0f, lowest = 0.0f;   // lowest: the smallest finite logit
     bool all_finite = false;
     // Every kept weight is exactly 1 (all finite logits equal; ids, or token i itself): sums are
     // integers, so the draw's walk is arithmetic.
@@ -71,7 +71,7 @@ private:
 
     void select_full(const float* a, int64_t n, float t, float top_p, float min_p);
     void select_min_p(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float min_p);
-    void keep_all_finite(const float* a, int64_t n, float m, float t, bool all_finite);
+    void keep_all_finite(const float* a, int64_t n, float m, float lowest, float t, bool all_finite);
     // All finite logits equal (n_finite of them, fewer than 2^24): every weight is exp(0) = 1.
     void select_equal(const float* a, int64_t n, int64_t n_finite, float top_p, float min_p);
     void select_top_k(const float* a, int64_t n, float t, int64_t k, float top_p, float min_p);
