@@ -797,3 +797,28 @@ def test_equal_logits_equal_the_plain_reference(seed, value, n, extra, params, t
     got = probabilities(logits, t, k, top_p, mp)
     want = plain_probabilities(logits, t, k, top_p, mp)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@given(st.integers(0, 2**32), st.sampled_from([0.05, 0.25, 1.0, 3.0]), st.sampled_from([(1.0, 0.0), (0.9, 0.0), (1.0, 1e-30)]))
+def test_runs_of_zero_weights_equal_the_plain_reference(seed, t, filters):
+    # Logits far below the maximum weigh exactly 0 and are skipped a block at a time by a logit
+    # compare (docs/sampling.md). Runs of them with NaN and +-inf inside, logits at and around the
+    # skip floor, and runs that end mid-block, against the plain reference.
+    top_p, mp = filters
+    g = np.random.default_rng(seed)
+    n = 20000
+    logits = g.normal(0, 2, n)
+    logits[g.choice(n, 30, replace=False)] += g.uniform(6, 14, 30)
+    m = float(np.max(logits))
+    for start in g.integers(0, n - 700, 12):
+        length = int(g.integers(1, 700))
+        logits[start:start + length] = m - 105.0 * t * g.uniform(1.0, 3.0, length)
+        logits[start + g.integers(0, length, 3)] = g.choice([np.nan, np.inf, -np.inf, m - 105.0 * t])
+    edge = np.float32(m - 105.0 * t)
+    logits[g.integers(0, n, 20)] = [np.nextafter(edge, np.float32(k % 3 - 1)) for k in range(20)]
+    logits = logits.astype(np.float32)
+    logits[int(np.argmax(logits))] = np.float32(m)   # the maximum stays finite
+    for draw in range(6):
+        a, b = Rng(seed + draw), Rng(seed + draw)
+        assert sample(logits, t, 0, top_p, mp, a) == plain_sample(logits, t, 0, top_p, mp, b)
+        assert a.state == b.state
