@@ -822,3 +822,6 @@ def test_runs_of_zero_weights_equal_the_plain_reference(seed, t, filters):
         a, b = Rng(seed + draw), Rng(seed + draw)
         assert sample(logits, t, 0, top_p, mp, a) == plain_sample(logits, t, 0, top_p, mp, b)
         assert a.state == b.state
+    # the total divides every probability: a skipped weight that was not 0 changes their bits
+    got, want = probabilities(logits, t, 0, top_p, mp), plain_probabilities(logits, t, 0, top_p, mp)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
