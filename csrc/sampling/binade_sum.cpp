@@ -19,10 +19,11 @@
 //
 // The weights need not be known exactly to round w / u: an approximation within a relative error
 // of kApproxWeightRel (and 2^-125 absolute, below 2^-40 units) decides round(w / u) unless y lies
-// within that error of a half-integer, or y is large (> 16384 units: the error is then a sizeable
-// part of a unit). Such blocks evaluate their exact weights and round those. Early in a sum (s
-// small against the terms) most blocks do; once s is large against the terms, almost none. Runs
-// of exact zeros (arguments below -105, and -inf) are skipped.
+// within that error of a half-integer (the test rounds both ends of the error interval), which
+// large y (from 2^18 units, a quarter unit of error) usually are. Such blocks evaluate their exact
+// weights and round those. Early in a sum (s small against the terms) most blocks do; once s is
+// large against the terms, almost none. Runs of exact zeros (arguments below -105, and -inf) are
+// skipped. A term adds at most 2^22 units (2^18 approximated), so 128 of them fit an int32.
 // The AVX-512 build does this (binade_sum_avx512.cpp); other builds run the plain loops, which
 // give the same values.
 
