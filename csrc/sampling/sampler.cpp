@@ -356,8 +356,10 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         c_.no_draw = argmax_logits(a, n);
         return;
     }
-    const int64_t best = first_equal(a, n, m);   // first index of the largest finite logit
-    c_.no_draw = c_.after_walk = (int32_t)best;
+    // The first index of the largest finite logit (the pick without a draw, or when the walk runs
+    // off the end) costs a pass and is rarely needed: found on demand (resolve_best).
+    best_of_ = {a, n, m};
+    c_.no_draw = c_.after_walk = kBestOnDemand;
     if (lowest == m && n_finite < (1 << 24)) return select_equal(a, n, n_finite, top_p, min_p);
 
     const bool all_finite = n_finite == n;
@@ -525,12 +527,22 @@ void Sampler::select_top_k(const float* a, int64_t n, float t, int64_t k, float 
     c_ = Candidates{true, c_.no_draw, ids_[c_.count - 1], ids_.data(), w_.data(), c_.count, c_.sum};
 }
 
+int32_t Sampler::resolve_best(int32_t pick) const {
+    return pick == kBestOnDemand ? (int32_t)first_equal(best_of_.a, best_of_.n, best_of_.m) : pick;
+}
+
 const Candidates& Sampler::select(const float* a, int64_t n, const SamplerParams& p) {
+    select_knobs(a, n, p);
+    if (!c_.draw) c_.no_draw = resolve_best(c_.no_draw);   // (a draw resolves after_walk if it runs off)
+    return c_;
+}
+
+void Sampler::select_knobs(const float* a, int64_t n, const SamplerParams& p) {
     c_ = Candidates{};
     const float t = p.temperature;
     if (!(t > 0.0f) || n <= 0) {   // NaN too: upstream's `<= 0` test would pass it on to exp
         c_.no_draw = n > 0 ? argmax_logits(a, n) : 0;
-        return c_;
+        return;
     }
     const float top_p = (p.top_p > 0.0f && p.top_p <= 1.0f) ? p.top_p : 1.0f;
     const float min_p = p.min_p < 0.0f ? 0.0f : p.min_p;
@@ -539,7 +551,6 @@ const Candidates& Sampler::select(const float* a, int64_t n, const SamplerParams
     } else {
         select_top_k(a, n, t, std::min<int64_t>({(int64_t)p.top_k, kTopKMax, n}), top_p, min_p);
     }
-    return c_;
 }
 
 int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint64_t& rng_state) {
@@ -558,14 +569,14 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
         if (!(r > 0.0f)) return (int32_t)first_finite(c.logits, c.count);
         const int64_t i = c.x ? binade_weight_walk(c.x, c.wa, c.count, r)
                               : binade_logit_walk(c.logits, c.count, c.m, c.t, c.all_finite, c.lowest, c.wa, r);
-        return i >= 0 ? (int32_t)i : c.after_walk;
+        return i >= 0 ? (int32_t)i : resolve_best(c.after_walk);
     }
     if (c.x) {
         const int64_t i = binade_weight_walk(c.x, c.wa, c.count, r);
-        return i >= 0 ? c.id(i) : c.after_walk;
+        return i >= 0 ? c.id(i) : resolve_best(c.after_walk);
     }
     const int64_t i = binade_seq_walk(c.w, c.count, r);
-    return i >= 0 ? c.id(i) : c.after_walk;
+    return i >= 0 ? c.id(i) : resolve_best(c.after_walk);
 }
 
 void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, float* probs) {

@@ -25,7 +25,7 @@ struct SamplerParams {
 struct Candidates {
     bool draw = false;
     int32_t no_draw = 0;
-    int32_t after_walk = 0;     // the pick when rounding lets the walk run off the end
+    int32_t after_walk = 0;     // the pick when rounding lets the walk run off the end (or kBestOnDemand)
     const int32_t* ids = nullptr;
     const float* w = nullptr;
     int64_t count = 0;
@@ -43,6 +43,9 @@ struct Candidates {
     int32_t id(int64_t i) const { return ids ? ids[i] : (int32_t)i; }
 };
 
+// An after_walk that is the first index of the largest finite logit, found only when needed.
+constexpr int32_t kBestOnDemand = -2;
+
 // First index of the largest logit; NaN never wins; 0 when no logit exceeds -1e30 (upstream).
 int32_t argmax_logits(const float* logits, int64_t n);
 
@@ -58,6 +61,13 @@ public:
     void probabilities(const float* logits, int64_t n, const SamplerParams& p, float* probs);
 
 private:
+    void select_knobs(const float* a, int64_t n, const SamplerParams& p);   // select() but for best
+    int32_t resolve_best(int32_t pick) const;   // kBestOnDemand: the first index of the largest finite logit
+    struct BestOf {
+        const float* a = nullptr;
+        int64_t n = 0;
+        float m = 0.0f;
+    } best_of_;
     // A vector whose resize leaves new elements uninitialised (scratch filled right after).
     template <class T>
     struct NoInit : std::allocator<T> {
