@@ -1,5 +1,6 @@
-// binade_sum.h for AVX-512: the units of 16 terms per vector, a mask test per block and one
-// reduction per chunk of 8 blocks (why the units are exact: binade_sum.cpp).
+// binade_sum.h for AVX-512: the units of 16 terms per vector, one certainty test and one reduction
+// per chunk of 8 blocks, terms read from weights, arguments or the logits themselves (why the
+// units are exact: binade_sum.cpp; the measurements: docs/sampling.md).
 #include <immintrin.h>
 
 #include <algorithm>
