@@ -712,3 +712,116 @@ def test_approx_weights_stay_within_their_bound():
     assert np.all(err[~normal] <= 2.0**-125)
     if rel < 2.0**-10:   # the AVX-512 build approximates; elsewhere approx is exact (err 0)
         assert np.any(err[normal] > rel / 8 * exact[normal]) or not np.any(err)
+
+
+# ---- regressions and the branches added for issue 14's speed target ------------------------------
+
+
+def test_binade_units_do_not_overflow_int32():
+    # 128 terms of exactly 2^24 units each (2 after a sum of 1): 2^31 units in one chunk wrapped
+    # the int32 count to a negative sum. Through sample(): the weight 1 tokens after a first
+    # weight in [0.5, 1) (2^24 units at the unit 2^-24) made the min_p 0 total negative, so the
+    # sampler picked the best token without a draw.
+    w = np.array([1.0] + [0.0] * 127 + [2.0] * 128, dtype=np.float32)
+    assert _f32_bits_equal(_core()._binade_seq_sum(w), _plain_sum(w))
+    x = np.array([-0.5] + [-np.inf] * 127 + [0.0] * 128, dtype=np.float32)
+    assert _f32_bits_equal(_core()._binade_weight_total(x), _plain_sum(_core()._exp_weights(x)))
+    for seed in range(20):
+        for t, mp in ((1.0, 0.0), (1.0, 0.05), (0.5, 0.0)):
+            a, b = Rng(seed), Rng(seed)
+            assert sample(x, t, 0, 1.0, mp, a) == plain_sample(x, t, 0, 1.0, mp, b)
+            assert a.state == b.state
+
+
+def _seed_with_first_uniform_zero() -> int:
+    """A seed whose first uniform() is exactly 0: xorshift64* inverted from an output below 2^40."""
+    mask = (1 << 64) - 1
+    x = (12345 * pow(0x2545F4914F6CDD1D, -1, 1 << 64)) & mask   # the state that outputs 12345
+
+    def undo_right(v, s):
+        r = v
+        for _ in range(64 // s + 1):
+            r = v ^ (r >> s)
+        return r & mask
+
+    def undo_left(v, s):
+        r = v
+        for _ in range(64 // s + 1):
+            r = v ^ ((r << s) & mask)
+        return r & mask
+
+    return undo_right(undo_left(undo_right(x, 27), 25), 12)
+
+
+def test_a_draw_of_zero_stops_at_the_first_kept_token():
+    # r = u * total = 0 stops the walk at the first kept token. The whole-vocabulary walk reads
+    # every logit (non-finite ones weighing 0), so it must not stop at a non-finite token 0.
+    seed = _seed_with_first_uniform_zero()
+    assert Rng(seed).uniform() == 0
+    g = np.random.default_rng(3)
+    for lead in ([-np.inf], [np.nan, np.inf], [-np.inf] * 40):
+        logits = np.concatenate([lead, g.normal(0, 2, 3000)]).astype(np.float32)
+        for t, k, p, mp in ((1.0, 0, 1.0, 0.0), (100.0, 0, 1.0, 0.05), (1.0, 0, 1.0, 0.05), (1.0, 0, 0.9, 0.0)):
+            a, b = Rng(seed), Rng(seed)
+            got = sample(logits, t, k, p, mp, a)
+            assert got == plain_sample(logits, t, k, p, mp, b)
+            assert a.state == b.state
+            if p == 1.0 and (mp == 0.0 or t == 100.0):   # every finite token kept, in id order
+                assert got == len(lead)
+
+
+_equal_value = st.sampled_from([0.0, -0.0, 1.5, -7.25, 1e-40, -1e-45, 3e38, -3e38, 88.0])
+
+
+@given(st.integers(0, 2**32), _equal_value, st.sampled_from([1, 2, 7, 300, 3001, 129280]),
+       st.sampled_from(["none", "nonfinite", "signed_zero", "one_ulp"]), _big_params,
+       st.sampled_from([1.0, 0.9999, 0.5, 0.1, 1e-7]))
+def test_equal_logits_equal_the_plain_reference(seed, value, n, extra, params, top_p):
+    # All finite logits equal: every weight is expf(0) = 1 and the sampler counts instead of
+    # summing (docs/sampling.md). Non-finite entries, -0.0 among 0.0, and one logit one ulp away
+    # (which must leave the shortcut) against the plain reference; probabilities bit for bit.
+    t, k, _, mp = params
+    g = np.random.default_rng(seed)
+    logits = np.full(n, value, dtype=np.float32)
+    if extra == "nonfinite" and n > 1:
+        logits[g.integers(0, n, max(1, n // 10))] = g.choice([np.nan, np.inf, -np.inf])
+    elif extra == "signed_zero":
+        logits[:] = 0.0
+        logits[g.random(n) < 0.5] = -0.0
+    elif extra == "one_ulp":
+        logits[g.integers(0, n)] = np.nextafter(np.float32(value), np.float32(np.inf if g.random() < 0.5 else -np.inf))
+    for draw in range(3):
+        a, b = Rng(seed + draw), Rng(seed + draw)
+        assert sample(logits, t, k, top_p, mp, a) == plain_sample(logits, t, k, top_p, mp, b)
+        assert a.state == b.state
+    got = probabilities(logits, t, k, top_p, mp)
+    want = plain_probabilities(logits, t, k, top_p, mp)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@given(st.integers(0, 2**32), st.sampled_from([0.05, 0.25, 1.0, 3.0]), st.sampled_from([(1.0, 0.0), (0.9, 0.0), (1.0, 1e-30)]))
+def test_runs_of_zero_weights_equal_the_plain_reference(seed, t, filters):
+    # Logits far below the maximum weigh exactly 0 and are skipped a block at a time by a logit
+    # compare (docs/sampling.md). Runs of them with NaN and +-inf inside, logits at and around the
+    # skip floor, and runs that end mid-block, against the plain reference.
+    top_p, mp = filters
+    g = np.random.default_rng(seed)
+    n = 20000
+    logits = g.normal(0, 2, n)
+    logits[g.choice(n, 30, replace=False)] += g.uniform(6, 14, 30)
+    m = float(np.max(logits))
+    for start in g.integers(0, n - 700, 12):
+        length = int(g.integers(1, 700))
+        logits[start:start + length] = m - 105.0 * t * g.uniform(1.0, 3.0, length)
+        logits[start + g.integers(0, length, 3)] = g.choice([np.nan, np.inf, -np.inf, m - 105.0 * t])
+    edge = np.float32(m - 105.0 * t)
+    logits[g.integers(0, n, 20)] = [np.nextafter(edge, np.float32(k % 3 - 1)) for k in range(20)]
+    logits = logits.astype(np.float32)
+    logits[int(np.argmax(logits))] = np.float32(m)   # the maximum stays finite
+    for draw in range(6):
+        a, b = Rng(seed + draw), Rng(seed + draw)
+        assert sample(logits, t, 0, top_p, mp, a) == plain_sample(logits, t, 0, top_p, mp, b)
+        assert a.state == b.state
+    # the total divides every probability: a skipped weight that was not 0 changes their bits
+    got, want = probabilities(logits, t, 0, top_p, mp), plain_probabilities(logits, t, 0, top_p, mp)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -1,9 +1,11 @@
 #include "sampling/binade_sum.h"
 
+#include <cmath>
 #include <vector>
 
 #include "sampling/binade_sum_impl.h"
 #include "sampling/exp_weights.h"
+#include "sampling/scan.h"
 
 // Why a binade at a time is exact (docs/sampling.md). While the running sum s lies in the binade
 // [2^e, 2^(e+1)) it is an integer number S of units u = 2^(e-23), and fl(s + w) for w >= 0 is the
@@ -17,10 +19,11 @@
 //
 // The weights need not be known exactly to round w / u: an approximation within a relative error
 // of kApproxWeightRel (and 2^-125 absolute, below 2^-40 units) decides round(w / u) unless y lies
-// within that error of a half-integer, or y is large (> 16384 units: the error is then a sizeable
-// part of a unit). Such blocks evaluate their exact weights and round those. Early in a sum (s
-// small against the terms) most blocks do; once s is large against the terms, almost none. Runs
-// of exact zeros (arguments below -105, and -inf) are skipped.
+// within that error of a half-integer (the test rounds both ends of the error interval), which
+// large y (from 2^18 units, a quarter unit of error) usually are. Such blocks evaluate their exact
+// weights and round those. Early in a sum (s small against the terms) most blocks do; once s is
+// large against the terms, almost none. Runs of exact zeros (arguments below -105, and -inf) are
+// skipped. A term adds at most 2^22 units (2^18 approximated), so 128 of them fit an int32.
 // The AVX-512 build does this (binade_sum_avx512.cpp); other builds run the plain loops, which
 // give the same values.
 
@@ -55,6 +58,64 @@ int64_t binade_weight_walk(const float* x, const float* wa, int64_t n, float r) 
     if (sampling_avx512()) return binade_weight_walk_avx512(x, wa, n, r);
 #endif
     return binade::walk_plain(x, n, r);
+}
+
+namespace {
+
+// Runs f(x, m, offset) over the arguments of a[0..n) in pieces of a stack buffer.
+template <class F>
+void logit_pieces(const float* a, int64_t n, float m, float t, F&& f) {
+    float x[1024];
+    for (int64_t i = 0; i < n; i += 1024) {
+        const int64_t k = n - i < 1024 ? n - i : 1024;
+        shifted_args(a + i, k, m, t, x);
+        if (!f(x, k, i)) return;
+    }
+}
+
+}  // namespace
+
+namespace {
+
+// A logit below which the weight is exactly 0: l - m < -105 t (1 + 2^-19) keeps fl(l - m) and
+// the quotient by t below -105 after their roundings (2^-24 each), and exp(-105) rounds to float
+// 0. -inf when even the smallest finite logit is not below it (nothing to skip).
+float zero_weight_floor(float m, float t, float lowest) {
+    const double bound = (double)m - 105.0 * (double)t * (1.0 + std::ldexp(1.0, -19));
+    if (!(bound > -3.0e38)) return -__builtin_inff();
+    float f = (float)bound;
+    if ((double)f > bound) f = std::nextafter(f, -__builtin_inff());
+    return f > lowest ? f : -__builtin_inff();
+}
+
+}  // namespace
+
+float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, float* wa) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_logit_total_avx512(a, n, m, t, all_finite, zero_weight_floor(m, t, lowest), wa);
+#endif
+    float s = 0.0f, buf[1024];
+    logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t i) {
+        float* w = wa ? wa + i : buf;
+        exp_weights(x, w, k);   // the exact weights: the best approximation there is
+        for (int64_t j = 0; j < k; ++j) s += w[j];
+        return true;
+    });
+    return s;
+}
+
+int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, const float* wa,
+                          float r) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_logit_walk_avx512(a, n, m, t, all_finite, zero_weight_floor(m, t, lowest), wa, r);
+#endif
+    int64_t hit = -1;
+    logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t i) {
+        const int64_t h = binade::walk_plain(x, k, r);
+        if (h >= 0) hit = i + h;
+        return h < 0;
+    });
+    return hit;
 }
 
 int64_t binade_seq_walk(const float* w, int64_t n, float r) {

@@ -20,6 +20,16 @@ float binade_weight_total(const float* x, int64_t n, float* wa);
 // same weights (saves evaluating them again), or null.
 int64_t binade_weight_walk(const float* x, const float* wa, int64_t n, float r);
 
+// binade_weight_total and binade_weight_walk over the arguments of logits a, shifted_args(a, m, t)
+// (scan.h), computed as they are read: the whole vocabulary's passes read the logits alone.
+// all_finite: a has no NaN or inf (then the finiteness test is skipped); lowest: the smallest
+// finite logit (runs of logits that weigh exactly 0 are skipped when some do). Neither changes
+// results. wa (when not null) receives approximations of the weights, as binade_weight_total's.
+float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite, float lowest,
+                         float* wa = nullptr);
+int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, const float* wa,
+                          float r);
+
 // The same walk over given weights w (any values): the first i where fl(r - ...) <= 0, or -1.
 int64_t binade_seq_walk(const float* w, int64_t n, float r);
 

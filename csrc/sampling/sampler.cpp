@@ -72,7 +72,7 @@ inline float key_value(uint32_t key) {   // the logit of a desc_key (0.0 for the
 // of logits spanning few float values needs few 12-bit digits (two cover 2^24 distinct values),
 // and a list of one value (all equal) is already sorted.
 template <class IdVec, class ValVec, class KeyVec>
-static void sort_desc(const float* a, IdVec& ids, ValVec& vals, KeyVec& keys, KeyVec& tmp) {
+static void sort_desc(const float* a, IdVec& ids, ValVec& vals, KeyVec& keys, KeyVec& tmp, std::vector<uint32_t>& count) {
     const size_t m = ids.size();
     if (m < 2) return;
     if (m < 96) {
@@ -86,17 +86,25 @@ static void sort_desc(const float* a, IdVec& ids, ValVec& vals, KeyVec& keys, Ke
     keys.resize(m);
     tmp.resize(m);
     for (size_t i = 0; i < m; ++i) keys[i] = ((uint64_t)(desc_key(vals[i]) - lo) << 32) | (uint32_t)ids[i];
+    // As few passes as 12-bit digits need, with digits no wider than that takes (short lists
+    // spend less on clearing and scanning the counts).
     const int bits = 32 - __builtin_clz(hi - lo);
-    constexpr int kDigit = 12;
-    static thread_local uint32_t count[1 << kDigit];
-    for (int shift = 32; shift < 32 + bits; shift += kDigit) {
-        std::fill(count, count + (1 << kDigit), 0u);
-        for (size_t i = 0; i < m; ++i) ++count[(keys[i] >> shift) & ((1 << kDigit) - 1)];
+    const int passes = (bits + 11) / 12;
+    const int digit = (bits + passes - 1) / passes;
+    const uint64_t mask = (1u << digit) - 1;
+    count.resize((size_t)1 << digit);
+    uint32_t* c = count.data();
+    uint64_t* k = keys.data();
+    uint64_t* t = tmp.data();
+    for (int shift = 32; shift < 32 + bits; shift += digit) {
+        std::fill(c, c + ((size_t)1 << digit), 0u);
+        for (size_t i = 0; i < m; ++i) ++c[(k[i] >> shift) & mask];
         uint32_t off = 0;
-        for (uint32_t& c : count) { const uint32_t k = c; c = off; off += k; }
-        for (size_t i = 0; i < m; ++i) tmp[count[(keys[i] >> shift) & ((1 << kDigit) - 1)]++] = keys[i];
-        keys.swap(tmp);
+        for (size_t d = 0; d < ((size_t)1 << digit); ++d) { const uint32_t n = c[d]; c[d] = off; off += n; }
+        for (size_t i = 0; i < m; ++i) t[c[(k[i] >> shift) & mask]++] = k[i];
+        std::swap(k, t);
     }
+    if (k != keys.data()) std::memcpy(keys.data(), k, sizeof(uint64_t) * m);
     for (size_t i = 0; i < m; ++i) {
         ids[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
         vals[i] = key_value((uint32_t)(keys[i] >> 32) + lo);
@@ -149,6 +157,19 @@ DS4_SAMPLING_HOT float block_max(const float* a, int64_t m, float init) {
     float r = lanes_max(acc, init);
     for (; i < m; ++i) r = a[i] > r ? a[i] : r;
     return r;
+}
+
+// out[i] = (float)((double)w[i] * inv): probabilities() (a clone per ISA: the conversions and
+// multiplies are the same IEEE operations in either).
+DS4_SAMPLING_HOT void scale_weights(const float* w, int64_t n, double inv, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = (float)((double)w[i] * inv);
+}
+
+// First i with a finite a[i] (n when none).
+int64_t first_finite(const float* a, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+        if (finite(a[i])) return i;
+    return n;
 }
 
 // First i with a[i] == v (n when none).
@@ -287,7 +308,7 @@ void Sampler::collect_logits_at_least(const float* a, int64_t n, float floor) {
     vals_.resize((size_t)k);
 }
 
-void Sampler::sort_candidates(const float* a) { sort_desc(a, ids_, vals_, keys_, tmp_keys_); }
+void Sampler::sort_candidates(const float* a) { sort_desc(a, ids_, vals_, keys_, tmp_keys_, radix_count_); }
 
 void Sampler::weights_of_sorted(float m, float t) {
     // Sorted logits come in runs of equal values (ties): a block of 16 equal to the last argument
@@ -328,32 +349,30 @@ bool Sampler::filter_sorted(float total, float top_p, float min_p, bool list_is_
 }
 
 void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float min_p) {
-    const float m = finite_max(a, n);
+    int64_t n_finite = 0;
+    float lowest = 0.0f;
+    const float m = finite_max(a, n, &n_finite, &lowest);
     if (m == kNegInf) {   // no finite logit
         c_.no_draw = argmax_logits(a, n);
         return;
     }
-    const int64_t best = first_equal(a, n, m);   // first index of the largest finite logit
-    c_.no_draw = c_.after_walk = (int32_t)best;
+    // The first index of the largest finite logit (the pick without a draw, or when the walk runs
+    // off the end) costs a pass and is rarely needed: found on demand (resolve_best).
+    best_of_ = {a, n, m};
+    c_.no_draw = c_.after_walk = kBestOnDemand;
+    if (lowest == m && n_finite < (1 << 24)) return select_equal(a, n, n_finite, top_p, min_p);
 
-    if (top_p >= 1.0f && min_p > 0.0f) {
-        select_min_p(a, n, m, t, min_p);
-        return;
-    }
+    const bool all_finite = n_finite == n;
+    if (top_p >= 1.0f && min_p > 0.0f) return select_min_p(a, n, m, lowest, all_finite, t, min_p);
+    if (top_p >= 1.0f) return keep_all_finite(a, n, m, lowest, t, all_finite);   // min_p 0
 
     // Every finite token's weight (non-finite logits weigh 0: they add nothing to sums or walks),
     // evaluated exactly only where the total needs it (binade_sum.h).
-    x_.resize((size_t)n);
-    const int64_t n_finite = shifted_args(a, n, m, t, x_.data());
-    const bool need_mass = top_p < 1.0f && min_p == 0.0f;
-    wall_.resize((size_t)n);   // approximate weights: guides for the mass threshold and the walk
-    const float total = binade_weight_total(x_.data(), n, wall_.data());
+    // min_p 0: the mass threshold below needs approximate weights, taken on the way.
+    const bool need_mass = min_p == 0.0f;
+    if (need_mass) wall_.resize((size_t)n);
+    const float total = binade_logit_total(a, n, m, t, all_finite, lowest, need_mass ? wall_.data() : nullptr);
     if (!(total > 0.0f && std::isfinite(total))) return;
-
-    if (top_p >= 1.0f) {   // min_p 0: every token kept, in id order
-        c_ = Candidates{true, c_.no_draw, c_.after_walk, nullptr, nullptr, n, total, x_.data(), wall_.data()};
-        return;
-    }
 
     // Sorted branch: a sorted prefix that the filters stop inside decides; grow it until one does.
     // Prefixes are taken by logit (logit_floor), so equal logits are never split.
@@ -398,18 +417,48 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     c_ = Candidates{true, c_.no_draw, ids_[c_.count - 1], ids_.data(), w_.data(), c_.count, c_.sum};
 }
 
-void Sampler::select_min_p(const float* a, int64_t n, float m, float t, float min_p) {
+void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, float t, bool all_finite) {
+    // Every finite token kept, in id order; the weights stay implicit: the walk reads the logits,
+    // or at a temperature other than 1 the arguments, divided once here (the division is the
+    // slowest step of a pass, and the walk would repeat it).
+    float total;
+    wall_.resize((size_t)n);   // approximate weights: the walk reads them instead of evaluating again
+    if (t != 1.0f) {
+        x_.resize((size_t)n);
+        shifted_args(a, n, m, t, x_.data());
+        total = binade_weight_total(x_.data(), n, wall_.data());
+    } else {
+        total = binade_logit_total(a, n, m, t, all_finite, lowest, wall_.data());
+    }
+    if (!(total > 0.0f && std::isfinite(total))) return;
+    c_.draw = true;
+    c_.count = n;
+    c_.sum = total;
+    c_.logits = a;
+    c_.x = t != 1.0f ? x_.data() : nullptr;
+    c_.wa = wall_.data();
+    c_.m = m;
+    c_.t = t;
+    c_.lowest = lowest;
+    c_.all_finite = all_finite;
+}
+
+void Sampler::select_min_p(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float min_p) {
     // Only tokens with weight >= min_p are kept, in id order: a logit floor finds a superset.
     // Arguments at or above log(min_p) + 2^-20 certainly have weights >= min_p (exp_weights errs
     // by far less than 2^-20 relative); only the few between the floor and that bound evaluate
     // their weight. The kept arguments then go through the binade sum and walk like the whole
     // vocabulary (their weights are mostly never evaluated exactly).
+    float sure = std::nextafter((float)(std::log((double)min_p) + std::ldexp(1.0, -20)), 1.0f);
+    if (min_p <= 1.0f) sure = std::min(sure, 0.0f);   // exp(0) = 1 >= min_p
+    // The smallest finite logit's argument is the smallest argument: when it is sure, every
+    // finite token is kept and the whole vocabulary's walk over the logits applies.
+    const float lowest_arg = t == 1.0f ? lowest - m : (lowest - m) / t;
+    if (lowest_arg >= sure) return keep_all_finite(a, n, m, lowest, t, all_finite);
     collect_logits_at_least(a, n, logit_floor(m, t, min_p));
     const int64_t k0 = (int64_t)ids_.size();
     x_.resize((size_t)k0);
     shifted_args(vals_.data(), k0, m, t, x_.data());
-    float sure = std::nextafter((float)(std::log((double)min_p) + std::ldexp(1.0, -20)), 1.0f);
-    if (min_p <= 1.0f) sure = std::min(sure, 0.0f);   // exp(0) = 1 >= min_p
     int64_t k = 0, j = 0;
     while (j < k0) {
         const int64_t run = first_below(x_.data() + j, k0 - j, sure);   // certainly kept
@@ -428,10 +477,39 @@ void Sampler::select_min_p(const float* a, int64_t n, float m, float t, float mi
         }
         ++j;
     }
-    wall_.resize((size_t)k);
-    const float total = binade_weight_total(x_.data(), k, wall_.data());
+    const float total = binade_weight_total(x_.data(), k, nullptr);
     if (!(total > 0.0f && std::isfinite(total))) return;
-    c_ = Candidates{true, c_.no_draw, c_.after_walk, ids_.data(), nullptr, k, total, x_.data(), wall_.data()};
+    c_ = Candidates{true, c_.no_draw, c_.after_walk, ids_.data(), nullptr, k, total, x_.data(), nullptr};
+}
+
+void Sampler::select_equal(const float* a, int64_t n, int64_t n_finite, float top_p, float min_p) {
+    // Every candidate weighs expf(0) = 1 and sorts in id order (ties), so every sum is the integer
+    // count, exact below 2^24: the filters reduce to arithmetic on counts (docs/sampling.md).
+    if (n_finite < n) collect_logits_at_least(a, n, kNegInf);   // the finite ids, ascending
+    const float total = (float)n_finite;
+    int64_t kept = n_finite;
+    if (top_p >= 1.0f) {
+        if (min_p > 0.0f && 1.0f < min_p) kept = 0;   // select_min_p's test: w = 1 < min_p
+        if (kept == 0) return;                          // a zero total: no draw
+    } else {
+        // upstream's loop: stop before token i > 0 when fl(1 / total) < fl(fl(1 / total) * min_p),
+        // else stop after token i once fl((i + 1) / total) >= top_p (monotone in i: a bisection).
+        const float ratio = 1.0f / total;
+        if (ratio < ratio * min_p) kept = 1;
+        int64_t lo = 0, hi = kept;   // the first count c in (lo, hi] with fl(c / total) >= top_p, else kept
+        while (hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            ((float)mid / total >= top_p ? hi : lo) = mid;
+        }
+        if (!((float)hi / total >= top_p)) hi = kept;
+        kept = std::min(kept, hi);
+    }
+    c_.draw = true;
+    c_.ones = true;
+    c_.ids = n_finite < n ? ids_.data() : nullptr;
+    c_.count = kept;
+    c_.sum = (float)kept;
+    c_.after_walk = c_.id(kept - 1);
 }
 
 void Sampler::select_top_k(const float* a, int64_t n, float t, int64_t k, float top_p, float min_p) {
@@ -449,12 +527,22 @@ void Sampler::select_top_k(const float* a, int64_t n, float t, int64_t k, float 
     c_ = Candidates{true, c_.no_draw, ids_[c_.count - 1], ids_.data(), w_.data(), c_.count, c_.sum};
 }
 
+int32_t Sampler::resolve_best(int32_t pick) const {
+    return pick == kBestOnDemand ? (int32_t)first_equal(best_of_.a, best_of_.n, best_of_.m) : pick;
+}
+
 const Candidates& Sampler::select(const float* a, int64_t n, const SamplerParams& p) {
+    select_knobs(a, n, p);
+    if (!c_.draw) c_.no_draw = resolve_best(c_.no_draw);   // (a draw resolves after_walk if it runs off)
+    return c_;
+}
+
+void Sampler::select_knobs(const float* a, int64_t n, const SamplerParams& p) {
     c_ = Candidates{};
     const float t = p.temperature;
     if (!(t > 0.0f) || n <= 0) {   // NaN too: upstream's `<= 0` test would pass it on to exp
         c_.no_draw = n > 0 ? argmax_logits(a, n) : 0;
-        return c_;
+        return;
     }
     const float top_p = (p.top_p > 0.0f && p.top_p <= 1.0f) ? p.top_p : 1.0f;
     const float min_p = p.min_p < 0.0f ? 0.0f : p.min_p;
@@ -463,19 +551,32 @@ const Candidates& Sampler::select(const float* a, int64_t n, const SamplerParams
     } else {
         select_top_k(a, n, t, std::min<int64_t>({(int64_t)p.top_k, kTopKMax, n}), top_p, min_p);
     }
-    return c_;
 }
 
 int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint64_t& rng_state) {
     const Candidates& c = select(a, n, p);
     if (!c.draw) return c.no_draw;
     float r = rng_uniform(rng_state) * c.sum;
+    if (c.ones) {
+        // r = fl(r - 1) is exact while r >= 1 (r < 2^24): the walk stops after ceil(r) steps
+        // (one when r <= 0), at index ceil(r) - 1 < count since r <= count.
+        const int64_t steps = r > 0.0f ? (int64_t)std::ceil(r) : 1;
+        return c.id(std::min(steps, c.count) - 1);
+    }
+    if (c.logits) {
+        // r = 0 stops at the first kept token, which the walk over every logit (non-finite
+        // ones weighing 0) would not: it would stop at token 0 whatever it is.
+        if (!(r > 0.0f)) return (int32_t)first_finite(c.logits, c.count);
+        const int64_t i = c.x ? binade_weight_walk(c.x, c.wa, c.count, r)
+                              : binade_logit_walk(c.logits, c.count, c.m, c.t, c.all_finite, c.lowest, c.wa, r);
+        return i >= 0 ? (int32_t)i : resolve_best(c.after_walk);
+    }
     if (c.x) {
         const int64_t i = binade_weight_walk(c.x, c.wa, c.count, r);
-        return i >= 0 ? c.id(i) : c.after_walk;
+        return i >= 0 ? c.id(i) : resolve_best(c.after_walk);
     }
     const int64_t i = binade_seq_walk(c.w, c.count, r);
-    return i >= 0 ? c.id(i) : c.after_walk;
+    return i >= 0 ? c.id(i) : resolve_best(c.after_walk);
 }
 
 void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, float* probs) {
@@ -486,29 +587,41 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
         return;
     }
     const double inv = 1.0 / (double)c.sum;
+    if (c.ones) {
+        const float p1 = (float)inv;   // (float)(1.0 * inv), as scale() computes it
+        if (c.ids) {
+            for (int64_t i = 0; i < c.count; ++i) probs[c.ids[i]] = p1;
+        } else {
+            std::fill(probs, probs + c.count, p1);
+            std::fill(probs + c.count, probs + n, 0.0f);
+        }
+        return;
+    }
+    // w holds the weights of [i0, i1) (w[0] is token i0's).
     auto scale = [&](const float* w, int64_t i0, int64_t i1) {
         if (c.ids) {
-            for (int64_t i = i0; i < i1; ++i) probs[c.ids[i]] = (float)((double)w[i] * inv);
+            for (int64_t i = i0; i < i1; ++i) probs[c.ids[i]] = (float)((double)w[i - i0] * inv);
         } else {
-            for (int64_t i = i0; i < i1; ++i) probs[i] = (float)((double)w[i] * inv);
+            scale_weights(w, i1 - i0, inv, probs + i0);
         }
     };
     if (c.w) return scale(c.w, 0, c.count);
     // The whole vocabulary (or the min-p survivors), weights not evaluated yet: in pieces (on the
-    // pool when allowed), each evaluated and scaled while in cache.
-    wall_.resize((size_t)c.count);
-    float* w = wall_.data();
+    // pool when allowed), arguments and weights in the caller's stack while in cache.
+    constexpr int64_t kPiece = 2048;
     auto piece = [&](int64_t i0, int64_t i1) {
-        exp_weights(c.x + i0, w + i0, i1 - i0);
-        scale(w, i0, i1);
+        alignas(64) float xb[kPiece], wb[kPiece];
+        const bool from_logits = c.x == nullptr;   // else the arguments are there
+        if (from_logits) shifted_args(c.logits + i0, i1 - i0, c.m, c.t, xb);
+        exp_weights(from_logits ? xb : c.x + i0, wb, i1 - i0);
+        scale(wb, i0, i1);
     };
-    constexpr int64_t kPiece = 4096;
     const int64_t pieces = (c.count + kPiece - 1) / kPiece;
     auto run = [&](int64_t p0, int64_t p1) {
         for (int64_t q = p0; q < p1; ++q) piece(q * kPiece, std::min(c.count, (q + 1) * kPiece));
     };
-    if (sampling_threads() > 1 && pieces > 4) {
-        ThreadPool::global().parallel_for(pieces, run, 2);
+    if (sampling_threads() > 1 && pieces > 8) {
+        ThreadPool::global().parallel_for(pieces, run, 4);
     } else {
         run(0, pieces);
     }

@@ -25,15 +25,26 @@ struct SamplerParams {
 struct Candidates {
     bool draw = false;
     int32_t no_draw = 0;
-    int32_t after_walk = 0;     // the pick when rounding lets the walk run off the end
+    int32_t after_walk = 0;     // the pick when rounding lets the walk run off the end (or kBestOnDemand)
     const int32_t* ids = nullptr;
     const float* w = nullptr;
     int64_t count = 0;
     float sum = 0.0f;
     const float* x = nullptr;
     const float* wa = nullptr;   // with x: approximations of those weights (binade_sum.h)
+    // The whole vocabulary's weights straight from the logits (neither ids, w nor x): those of
+    // the arguments fl(fl(logits[i] - m) / t), -inf where a logit is not finite.
+    const float* logits = nullptr;
+    float m = 0.0f, t = 1.0f, lowest = 0.0f;   // lowest: the smallest finite logit
+    bool all_finite = false;
+    // Every kept weight is exactly 1 (all finite logits equal; ids, or token i itself): sums are
+    // integers, so the draw's walk is arithmetic.
+    bool ones = false;
     int32_t id(int64_t i) const { return ids ? ids[i] : (int32_t)i; }
 };
+
+// An after_walk that is the first index of the largest finite logit, found only when needed.
+constexpr int32_t kBestOnDemand = -2;
 
 // First index of the largest logit; NaN never wins; 0 when no logit exceeds -1e30 (upstream).
 int32_t argmax_logits(const float* logits, int64_t n);
@@ -50,6 +61,13 @@ public:
     void probabilities(const float* logits, int64_t n, const SamplerParams& p, float* probs);
 
 private:
+    void select_knobs(const float* a, int64_t n, const SamplerParams& p);   // select() but for best
+    int32_t resolve_best(int32_t pick) const;   // kBestOnDemand: the first index of the largest finite logit
+    struct BestOf {
+        const float* a = nullptr;
+        int64_t n = 0;
+        float m = 0.0f;
+    } best_of_;
     // A vector whose resize leaves new elements uninitialised (scratch filled right after).
     template <class T>
     struct NoInit : std::allocator<T> {
@@ -62,7 +80,10 @@ private:
     template <class T> using Scratch = std::vector<T, NoInit<T>>;
 
     void select_full(const float* a, int64_t n, float t, float top_p, float min_p);
-    void select_min_p(const float* a, int64_t n, float m, float t, float min_p);
+    void select_min_p(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float min_p);
+    void keep_all_finite(const float* a, int64_t n, float m, float lowest, float t, bool all_finite);
+    // All finite logits equal (n_finite of them, fewer than 2^24): every weight is exp(0) = 1.
+    void select_equal(const float* a, int64_t n, int64_t n_finite, float top_p, float min_p);
     void select_top_k(const float* a, int64_t n, float t, int64_t k, float top_p, float min_p);
     // Keeps the prefix of the sorted candidates (ids_, weights w_) that min-p and top-p let
     // through; false when neither filter stopped inside the list.
@@ -77,6 +98,7 @@ private:
     Scratch<int32_t> ids_, tmp_ids_;
     Scratch<uint64_t> keys_, tmp_keys_;
     std::vector<float> maxima_;
+    std::vector<uint32_t> radix_count_;
 };
 
 }  // namespace ds4

@@ -45,13 +45,20 @@ int64_t first_ratio_below(const float* w, int64_t n, float total, float bound) {
     return n;
 }
 
-float finite_max(const float* a, int64_t n) {
+float finite_max(const float* a, int64_t n, int64_t* n_finite, float* min_out) {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return finite_max_avx512(a, n);
+    if (sampling_avx512()) return finite_max_avx512(a, n, n_finite, min_out);
 #endif
-    float r = -__builtin_inff();
-    for (int64_t i = 0; i < n; ++i)
-        if (a[i] - a[i] == 0.0f && a[i] > r) r = a[i];
+    float r = -__builtin_inff(), lo = __builtin_inff();
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const bool fin = a[i] - a[i] == 0.0f;
+        c += fin;
+        if (fin && a[i] > r) r = a[i];
+        if (fin && a[i] < lo) lo = a[i];
+    }
+    if (n_finite) *n_finite = c;
+    if (min_out) *min_out = lo;
     return r;
 }
 

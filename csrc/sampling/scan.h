@@ -23,14 +23,15 @@ double mass_in(const float* w, int64_t n, float lo, float hi, int step);
 // The first i >= 1 with fl(w[i] / total) < bound (n when none): upstream's min-p stop.
 int64_t first_ratio_below(const float* w, int64_t n, float total, float bound);
 
-// The largest finite a[i] (-inf when none is finite).
-float finite_max(const float* a, int64_t n);
+// The largest finite a[i] (-inf when none is finite); *n_finite (when given) gets how many are
+// finite, *min_out (when given) the smallest finite a[i] (+inf when none is).
+float finite_max(const float* a, int64_t n, int64_t* n_finite = nullptr, float* min_out = nullptr);
 
 // x[i] = fl(fl(a[i] - m) / t), -inf for non-finite a[i] (dividing by 1 is exact: skipped);
 // returns how many a[i] are finite.
 int64_t shifted_args(const float* a, int64_t n, float m, float t, float* x);
 
-float finite_max_avx512(const float* a, int64_t n);
+float finite_max_avx512(const float* a, int64_t n, int64_t* n_finite, float* min_out);
 int64_t shifted_args_avx512(const float* a, int64_t n, float m, float t, float* x);
 int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, int32_t* out, float* vals);
 int64_t collect_above_and_tied_avx512(const float* a, int64_t n, float v, int32_t* above, float* vals,

@@ -64,18 +64,35 @@ int64_t collect_above_and_tied_avx512(const float* a, int64_t n, float v, int32_
     return k;
 }
 
-float finite_max_avx512(const float* a, int64_t n) {
-    const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff()), zero = _mm512_setzero_ps();
+float finite_max_avx512(const float* a, int64_t n, int64_t* n_finite, float* min_out) {
+    const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff()), pos_inf = _mm512_set1_ps(__builtin_inff());
+    const __m512 zero = _mm512_setzero_ps();
     __m512 acc0 = neg_inf, acc1 = neg_inf;   // two chains: the max latency, not one add per cycle
-    int64_t i = 0;
+    __m512 lo0 = pos_inf, lo1 = pos_inf;
+    const bool want_min = min_out != nullptr;
+    int64_t c = 0, i = 0;
     for (; i + 32 <= n; i += 32) {
         const __m512 v0 = _mm512_loadu_ps(a + i), v1 = _mm512_loadu_ps(a + i + 16);
-        acc0 = _mm512_mask_max_ps(acc0, _mm512_cmp_ps_mask(_mm512_sub_ps(v0, v0), zero, _CMP_EQ_OQ), acc0, v0);
-        acc1 = _mm512_mask_max_ps(acc1, _mm512_cmp_ps_mask(_mm512_sub_ps(v1, v1), zero, _CMP_EQ_OQ), acc1, v1);
+        const __mmask16 f0 = _mm512_cmp_ps_mask(_mm512_sub_ps(v0, v0), zero, _CMP_EQ_OQ);
+        const __mmask16 f1 = _mm512_cmp_ps_mask(_mm512_sub_ps(v1, v1), zero, _CMP_EQ_OQ);
+        acc0 = _mm512_mask_max_ps(acc0, f0, acc0, v0);
+        acc1 = _mm512_mask_max_ps(acc1, f1, acc1, v1);
+        if (want_min) {
+            lo0 = _mm512_mask_min_ps(lo0, f0, lo0, v0);
+            lo1 = _mm512_mask_min_ps(lo1, f1, lo1, v1);
+        }
+        c += __builtin_popcount(((unsigned)f1 << 16) | f0);
     }
     float r = _mm512_reduce_max_ps(_mm512_max_ps(acc0, acc1));
-    for (; i < n; ++i)
-        if (a[i] - a[i] == 0.0f && a[i] > r) r = a[i];
+    float lo = _mm512_reduce_min_ps(_mm512_min_ps(lo0, lo1));
+    for (; i < n; ++i) {
+        const bool fin = a[i] - a[i] == 0.0f;
+        c += fin;
+        if (fin && a[i] > r) r = a[i];
+        if (fin && a[i] < lo) lo = a[i];
+    }
+    if (n_finite) *n_finite = c;
+    if (min_out) *min_out = lo;
     return r;
 }
 

@@ -306,14 +306,14 @@ def sample(
     ``rng`` is required unless ``temperature`` is 0. Arguments are checked by
     :func:`check_sampling_args`.
     """
-    check_sampling_args(temperature, top_k, top_p, min_p)
+    t, k, p, mp = _checked_knobs(temperature, top_k, top_p, min_p)
     a = _as_logits(logits)
-    t = _F32(temperature)
-    if not t > 0:  # also catches NaN, which upstream's `<= 0` test would let through to exp
+    if not t > _T_ZERO:  # float32(t) is 0: argmax, as upstream's `<= 0` test
         return argmax(a)
     if rng is None:
         raise InvalidArgumentError("sample() needs an Rng when temperature > 0")
-    token, rng.state = _core().sample(a, *_knobs(t, top_k, top_p, min_p, a.size), rng.state)
+    # The core rounds the knobs to float32 and applies upstream's normalisation (sampler.h).
+    token, rng.state = _core().sample(a, t, k, p, mp, rng.state)
     return int(token)
 
 
@@ -328,13 +328,27 @@ def probabilities(
     token's weight over the kept total (the distribution one draw picks from, up to the float32
     rounding of the walk); one-hot at the argmax when no draw happens (``temperature <= 0``).
     Speculative sampling compares these for the target and the draft."""
+    t, k, p, mp = _checked_knobs(temperature, top_k, top_p, min_p)
     a = _as_logits(logits)
-    t = _F32(temperature)
-    if not t > 0:
+    if not t > _T_ZERO:
         out = np.zeros(a.size, dtype=np.float32)
         out[argmax(a)] = 1
         return out
-    return _core().sample_probabilities(a, *_knobs(t, top_k, top_p, min_p, a.size))
+    return _core().sample_probabilities(a, t, k, p, mp)
+
+
+# float32(t) is 0 exactly for t <= 2^-150 (half the smallest subnormal rounds to even, 0).
+_T_ZERO = 2.0**-150
+
+
+def _checked_knobs(temperature, top_k, top_p, min_p) -> tuple[float, int, float, float]:
+    """check_sampling_args, returning the values (top_k capped at TOP_K_MAX: the core clamps it
+    there anyway, and a huge Python int would not fit its integer)."""
+    t = check_float(temperature, "temperature", 0.0)
+    k = check_int(top_k, "top_k", 0)
+    p = check_float(top_p, "top_p", 0.0, 1.0, lo_open=True)
+    mp = check_float(min_p, "min_p", 0.0, 1.0)
+    return t, (k if k < TOP_K_MAX else TOP_K_MAX), p, mp
 
 
 def set_sampler_threads(n: int) -> None:
@@ -346,24 +360,16 @@ def set_sampler_threads(n: int) -> None:
     _core().set_sampling_threads(int(n))
 
 
-def _knobs(t, top_k, top_p, min_p, n: int) -> tuple[float, int, float, float]:
-    """Upstream's normalisation for a draw (temperature > 0): top_p outside (0, 1] -> 1,
-    min_p < 0 -> 0, top_k <= 0 -> 0 (whole vocabulary), else clamped to 1024 and the vocabulary."""
-    tp = _F32(top_p)
-    if not (tp > 0 and tp <= 1):
-        tp = _F32(1)
-    mp = _F32(min_p)
-    if mp < 0:
-        mp = _F32(0)
-    k = int(top_k)
-    k = min(k, TOP_K_MAX, n) if k > 0 else 0
-    return float(t), k, float(tp), float(mp)
+_core_module = None
 
 
 def _core():
     """The compiled core, imported on first use (the rest of this module works without it)."""
-    from . import _core as core
-    return core
+    global _core_module
+    if _core_module is None:
+        from . import _core as core
+        _core_module = core
+    return _core_module
 
 
 # ---- log-probabilities -----------------------------------------------------------------------
