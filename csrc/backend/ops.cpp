@@ -40,6 +40,17 @@ const char* op_name(Op op) {
     return "unknown";
 }
 
+void check_linear(const LinearArgs& a) {
+    if (!a.w) fail(ErrorKind::InvalidArgument, "linear: weight is null");
+    const TensorRef& w = *a.w;
+    if (w.ne[0] != a.x.width() || a.y.width() != w.ne[1] || a.y.rows() != a.x.rows()) {
+        fail(ErrorKind::InvalidArgument,
+             "linear: weight [" + std::to_string(w.ne[0]) + " x " + std::to_string(w.ne[1]) +
+                 "] does not fit input rows of " + std::to_string(a.x.width()) + " and output " +
+                 std::to_string(a.y.rows()) + " rows of " + std::to_string(a.y.width()));
+    }
+}
+
 void check_linear_group(const LinearGroupArgs& a) {
     if (a.count < 0 || a.count > LinearGroupArgs::kMax) {
         fail(ErrorKind::InvalidArgument, "linear_group: " + std::to_string(a.count) + " weights (0.." +

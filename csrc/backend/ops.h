@@ -97,6 +97,10 @@ struct LinearGroupArgs {
     LinearGroupArgs& add(const TensorRef* weight, const Tensor& out);
 };
 
+// Throws InvalidArgument unless W is set, x rows are W.ne[0] wide and y holds one row of W.ne[1]
+// per row of x (backends check this before touching memory).
+void check_linear(const LinearArgs& a);
+
 // Throws InvalidArgument unless every member fits: W.ne[0] == x width, y rows of W.ne[1], one
 // per row of x (backends check this before touching memory).
 void check_linear_group(const LinearGroupArgs& a);

@@ -93,6 +93,7 @@ public:
     }
 
     void linear(const LinearArgs& a) override {
+        check_linear(a);
         ds4::linear(*a.w, f32(a.x), a.x.rows(), f32(a.y), act_, pool_, a.x.width());
     }
 

@@ -68,6 +68,7 @@ void matvec_or_matmul(MetalStream& s, const QuantKernel& k, const Arg& w, int64_
 }
 
 void MetalStream::linear(const LinearArgs& a) {
+    check_linear(a);
     const TensorRef& w = *a.w;
     const QuantKernel& k = kernel_for(w.type, "linear");
     const int64_t n = w.ne[0], rows = w.ne[1], nb = a.x.rows();
