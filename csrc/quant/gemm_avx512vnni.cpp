@@ -48,24 +48,10 @@ size_t panel_bytes(GgmlType t, int64_t n) {
 }
 
 // ---- panel decoding (once per row group) -------------------------------------------------------
-// Q2_K and IQ2_XXS load each row's block contiguously (16 rows x 64 bytes) and transpose the
-// 16 x 16 dwords in registers, so vector j holds dword j of every row (rows in lanes), the layout
-// the panel wants; the 16-lane gathers this replaces (one per dword) dominated the decode. Q8_0,
-// Q4_K and the few per-block scalars left still gather: lane r reads its dword from row r
-// (row_bytes apart). Lanes past nrows are masked off and read as zero either way.
-
-struct RowGather {
-    __m512i idx;
-    __mmask16 live;
-    explicit RowGather(const GemmGroup& g)
-        : idx(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                 _mm512_set1_epi32((int)g.row_bytes))),
-          live((__mmask16)((1u << g.nrows) - 1)) {}
-    // Dword at byte offset off of every row's block (off + 4 <= block size: never past a row).
-    inline __m512i at(const uint8_t* block0, int64_t off) const {
-        return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, block0 + off, 1);
-    }
-};
+// Every type loads each row's block bytes contiguously (16 rows side by side) and transposes the
+// dwords in registers, so vector j holds dword j of every row (rows in lanes), the layout the panel
+// wants; the 16-lane gathers this replaces (one per dword) dominated the decode (docs/gemm.md
+// "Measured"). Rows past nrows are never read and their lanes are zero.
 
 // v[r] = the dwords of row r at p + r * row_bytes selected by `dwords` (others zero), rows >= nrows zero.
 inline void load_rows(const GemmGroup& g, const uint8_t* p, __mmask16 dwords, __m512i* v) {
@@ -99,19 +85,76 @@ inline void transpose_16x16(__m512i* v) {
     }
 }
 
+// out[j] lane r <- dword j of the 16 bytes at p + r * row_bytes (bytes outside `bytes` read as zero,
+// so a short tail never touches memory past it). Each 128-bit lane q of x[l] takes row 4q + l; one
+// 4 x 4 dword transpose inside the lanes then leaves lane 4q + l of out[j] = row 4q + l, dword j.
+inline void load_transpose_16x4(const GemmGroup& g, const uint8_t* p, __mmask16 bytes, __m512i* out) {
+    auto row = [&](int r) {
+        return r < g.nrows ? _mm_maskz_loadu_epi8(bytes, p + r * g.row_bytes) : _mm_setzero_si128();
+    };
+    __m512i x[4];
+    for (int l = 0; l < 4; ++l) {
+        __m512i v = _mm512_castsi128_si512(row(l));
+        v = _mm512_inserti32x4(v, row(4 + l), 1);
+        v = _mm512_inserti32x4(v, row(8 + l), 2);
+        x[l] = _mm512_inserti32x4(v, row(12 + l), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(x[0], x[1]), t1 = _mm512_unpackhi_epi32(x[0], x[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(x[2], x[3]), t3 = _mm512_unpackhi_epi32(x[2], x[3]);
+    out[0] = _mm512_unpacklo_epi64(t0, t2);
+    out[1] = _mm512_unpackhi_epi64(t0, t2);
+    out[2] = _mm512_unpacklo_epi64(t1, t3);
+    out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+// d[j] lane r <- dword j of row r's first nbytes bytes at p (nbytes <= 144; dwords past nbytes
+// zero, nothing past p + nbytes read): two 16 x 16 transposes and the 16 x 4 one for dwords 32-35.
+inline void load_dwords_144(const GemmGroup& g, const uint8_t* p, int nbytes, __m512i* d) {
+    auto m64 = [&](int from) -> __mmask64 {
+        const int k = nbytes - from;
+        return k >= 64 ? ~(__mmask64)0 : k <= 0 ? (__mmask64)0 : (((__mmask64)1 << k) - 1);
+    };
+    for (int h = 0; h < 2; ++h) {
+        const __mmask64 m = m64(64 * h);
+        for (int r = 0; r < 16; ++r)
+            d[16 * h + r] = r < g.nrows && m ? _mm512_maskz_loadu_epi8(m, p + 64 * h + r * g.row_bytes)
+                                             : _mm512_setzero_si512();
+        if (m) transpose_16x16(d + 16 * h);
+    }
+    const int k = nbytes - 128;
+    if (k > 0)
+        load_transpose_16x4(g, p + 128, (__mmask16)(k >= 16 ? 0xFFFF : (1u << k) - 1), d + 32);
+    else
+        for (int j = 32; j < 36; ++j) d[j] = _mm512_setzero_si512();
+}
+
 inline void vst(uint8_t* p, __m512i v) { _mm512_store_si512(reinterpret_cast<void*>(p), v); }
 inline __m512 f16_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
 inline __m512 f16_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))); }
 inline __m512i byte_of(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(255)); }
 
+// Q8_0 blocks are 34 bytes, so dwords and blocks realign every 4 blocks (136 bytes): each 4-block
+// span is transposed whole and block k's codes start at byte 34k + 2, on a dword boundary for odd k
+// and halfway into one for even k (the dword is then joined from the upper half of one transposed
+// dword and the lower half of the next); its f16 scale is the lower or upper half of dword 34k / 4.
 void decode_q8_0(const GemmGroup& g) {
-    const RowGather rows(g);
     const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
-    for (int64_t b = 0; b < g.n / 32; ++b) {
-        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ8_0);
-        uint8_t* pb = g.panel + b * kQ8_0Blk;
-        for (int s = 0; s < 8; ++s) vst(pb + s * kVec, _mm512_xor_si512(rows.at(blk, 2 + 4 * s), flip));
-        _mm512_store_ps(pb + 8 * kVec, f16_lo(rows.at(blk, 0)));  // d and the first two codes
+    const int64_t nb = g.n / 32;
+    for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+        const int nk = nb - b0 < 4 ? (int)(nb - b0) : 4;
+        __m512i d[36];
+        load_dwords_144(g, g.w + b0 * (int64_t)sizeof(BlockQ8_0), 34 * nk, d);
+        for (int k = 0; k < nk; ++k) {
+            uint8_t* pb = g.panel + (b0 + k) * kQ8_0Blk;
+            for (int s = 0; s < 8; ++s) {
+                const int off = 34 * k + 2 + 4 * s, i = off / 4;
+                const __m512i v = off % 4 == 0 ? d[i]
+                                               : _mm512_or_si512(_mm512_srli_epi32(d[i], 16), _mm512_slli_epi32(d[i + 1], 16));
+                vst(pb + s * kVec, _mm512_xor_si512(v, flip));
+            }
+            const int off = 34 * k;
+            _mm512_store_ps(pb + 8 * kVec, off % 4 == 0 ? f16_lo(d[off / 4]) : f16_hi(d[off / 4]));
+        }
     }
 }
 
@@ -153,21 +196,22 @@ void decode_q2_k(const GemmGroup& g) {
 }
 
 void decode_q4_k(const GemmGroup& g) {
-    const RowGather rows(g);
     const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ4K);
         uint8_t* pb = g.panel + b * kQ4KBlk;
+        __m512i d[36];  // dword 0: d | dmin, 1-3: the 12 scale bytes, 4-35: qs
+        load_dwords_144(g, blk, (int)sizeof(BlockQ4K), d);
         // k = 64c + l: low nibble of qs[32c + l] (sub-block 2c); k = 64c + 32 + l: high (2c+1).
         for (int c = 0; c < 4; ++c) {
             for (int m = 0; m < 8; ++m) {
-                const __m512i v = rows.at(blk, 16 + 32 * c + 4 * m);
+                const __m512i v = d[4 + 8 * c + m];
                 vst(pb + (16 * c + m) * kVec, _mm512_and_si512(v, m4));
                 vst(pb + (16 * c + 8 + m) * kVec, _mm512_and_si512(_mm512_srli_epi32(v, 4), m4));
             }
         }
         // The 6-bit (scale, min) pairs of q4k_scale_min, per lane.
-        const __m512i s0 = rows.at(blk, 4), s1 = rows.at(blk, 8), s2 = rows.at(blk, 12);
+        const __m512i s0 = d[1], s1 = d[2], s2 = d[3];
         auto sbyte = [&](int i) { return byte_of(i < 4 ? s0 : i < 8 ? s1 : s2, i & 3); };
         for (int k = 0; k < 8; ++k) {
             __m512i sc, mn;
@@ -183,9 +227,8 @@ void decode_q4_k(const GemmGroup& g) {
             vst(pb + kCodes256 + k * kVec, sc);
             vst(pb + kCodes256 + (8 + k) * kVec, _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16)));
         }
-        const __m512i dd = rows.at(blk, 0);
-        _mm512_store_ps(pb + kCodes256 + 16 * kVec, f16_lo(dd));
-        _mm512_store_ps(pb + kCodes256 + 17 * kVec, f16_hi(dd));
+        _mm512_store_ps(pb + kCodes256 + 16 * kVec, f16_lo(d[0]));
+        _mm512_store_ps(pb + kCodes256 + 17 * kVec, f16_hi(d[0]));
     }
 }
 
@@ -232,7 +275,6 @@ inline __m512i lookup256(const uint8_t* tab, __m512i idx, __mmask64 bit7) {
 }
 
 void decode_iq2_xxs(const GemmGroup& g) {
-    const RowGather rows(g);
     const __m512i m3 = _mm512_set1_epi8(3);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockIQ2XXS);
@@ -257,7 +299,9 @@ void decode_iq2_xxs(const GemmGroup& g) {
             vst(pb + kCodes256 + ib * kVec,
                 _mm512_add_epi32(_mm512_slli_epi32(_mm512_srli_epi32(sw, 28), 1), _mm512_set1_epi32(1)));
         }
-        _mm512_store_ps(pb + kCodes256 + 8 * kVec, f16_lo(rows.at(blk, 0)));
+        __m512i dv[4];  // lane r of dv[0]: row r's f16 d (2 bytes read per row)
+        load_transpose_16x4(g, blk, 0x3, dv);
+        _mm512_store_ps(pb + kCodes256 + 8 * kVec, f16_lo(dv[0]));
     }
 }
 
