@@ -349,16 +349,19 @@ void tile_q8_0(const GemmGroup& g, int64_t t0) {
     __m512 sum[NT];
     for (int t = 0; t < NT; ++t) sum[t] = _mm512_setzero_ps();
     if (groups > 0) {
+        // Blocks in file order, block b into lane b % 8 (the lanes live on the stack, in L1): the
+        // panel and every token's activation are read once, front to back, which the hardware
+        // prefetchers follow; a lane-by-lane pass (8 strided sweeps) was ~20 % slower at 512 tokens,
+        // whose activations (2.3 MiB at n = 4096) do not stay in L2. Same additions per lane.
         __m512 lane[8][NT];
-        for (int j = 0; j < 8; ++j) {
-            __m512 acc[NT];
-            for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-            for (int64_t gi = 0; gi < groups; ++gi) {
+        for (int j = 0; j < 8; ++j)
+            for (int t = 0; t < NT; ++t) lane[j][t] = _mm512_setzero_ps();
+        for (int64_t gi = 0; gi < groups; ++gi) {
+            for (int j = 0; j < 8; ++j) {
                 __m512i isum[NT];
                 q8_0_isum<NT>(g, x, corr, 8 * gi + j, isum);
-                for (int t = 0; t < NT; ++t) acc[t] = _mm512_add_ps(acc[t], q8_0_term<NT>(g, x[t], 8 * gi + j, isum[t]));
+                for (int t = 0; t < NT; ++t) lane[j][t] = _mm512_add_ps(lane[j][t], q8_0_term<NT>(g, x[t], 8 * gi + j, isum[t]));
             }
-            for (int t = 0; t < NT; ++t) lane[j][t] = acc[t];
         }
         for (int t = 0; t < NT; ++t) {
             const __m512 a0 = _mm512_add_ps(lane[0][t], lane[4][t]), a1 = _mm512_add_ps(lane[1][t], lane[5][t]);
