@@ -137,24 +137,36 @@ inline __m512i byte_of(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_e
 // span is transposed whole and block k's codes start at byte 34k + 2, on a dword boundary for odd k
 // and halfway into one for even k (the dword is then joined from the upper half of one transposed
 // dword and the lower half of the next); its f16 scale is the lower or upper half of dword 34k / 4.
-void decode_q8_0(const GemmGroup& g) {
+// NK blocks (1-4) from w into their panel blocks at pb; with NK a constant every offset below is
+// one, so the loops unroll into straight shuffles and stores.
+template <int NK>
+inline void decode_q8_0_span(const GemmGroup& g, const uint8_t* w, uint8_t* pb) {
     const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
-    const int64_t nb = g.n / 32;
-    for (int64_t b0 = 0; b0 < nb; b0 += 4) {
-        const int nk = nb - b0 < 4 ? (int)(nb - b0) : 4;
-        __m512i d[36];
-        load_dwords_144(g, g.w + b0 * (int64_t)sizeof(BlockQ8_0), 34 * nk, d);
-        for (int k = 0; k < nk; ++k) {
-            uint8_t* pb = g.panel + (b0 + k) * kQ8_0Blk;
-            for (int s = 0; s < 8; ++s) {
-                const int off = 34 * k + 2 + 4 * s, i = off / 4;
-                const __m512i v = off % 4 == 0 ? d[i]
-                                               : _mm512_or_si512(_mm512_srli_epi32(d[i], 16), _mm512_slli_epi32(d[i + 1], 16));
-                vst(pb + s * kVec, _mm512_xor_si512(v, flip));
-            }
-            const int off = 34 * k;
-            _mm512_store_ps(pb + 8 * kVec, off % 4 == 0 ? f16_lo(d[off / 4]) : f16_hi(d[off / 4]));
+    __m512i d[36];
+    load_dwords_144(g, w, 34 * NK, d);
+#pragma GCC unroll 4
+    for (int k = 0; k < NK; ++k) {
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) {
+            const int off = 34 * k + 2 + 4 * s, i = off / 4;
+            const __m512i v = off % 4 == 0 ? d[i]
+                                           : _mm512_or_si512(_mm512_srli_epi32(d[i], 16), _mm512_slli_epi32(d[i + 1], 16));
+            vst(pb + k * kQ8_0Blk + s * kVec, _mm512_xor_si512(v, flip));
         }
+        const int off = 34 * k;
+        _mm512_store_ps(pb + k * kQ8_0Blk + 8 * kVec, off % 4 == 0 ? f16_lo(d[off / 4]) : f16_hi(d[off / 4]));
+    }
+}
+
+void decode_q8_0(const GemmGroup& g) {
+    const int64_t nb = g.n / 32, whole = nb / 4 * 4;
+    const int64_t wb = (int64_t)sizeof(BlockQ8_0);
+    for (int64_t b0 = 0; b0 < whole; b0 += 4) decode_q8_0_span<4>(g, g.w + b0 * wb, g.panel + b0 * kQ8_0Blk);
+    switch (nb - whole) {
+        case 1: decode_q8_0_span<1>(g, g.w + whole * wb, g.panel + whole * kQ8_0Blk); break;
+        case 2: decode_q8_0_span<2>(g, g.w + whole * wb, g.panel + whole * kQ8_0Blk); break;
+        case 3: decode_q8_0_span<3>(g, g.w + whole * wb, g.panel + whole * kQ8_0Blk); break;
+        default: break;
     }
 }
 
