@@ -27,7 +27,7 @@ namespace ds4::quant {
 
 namespace {
 
-constexpr int kTile = 8;  // tokens per register tile (8 x 3 accumulators + operands fit 32 zmm)
+constexpr int kTokTile = 8;  // tokens per register tile (8 x 3 accumulators + operands fit 32 zmm)
 
 // Panel bytes per block.
 constexpr int64_t kCodes256 = 64 * 64;  // 64 vectors of 4 k x 16 rows
@@ -322,11 +322,32 @@ void decode_iq2_xxs(const GemmGroup& g) {
 inline __m512i vld(const uint8_t* p) { return _mm512_load_si512(reinterpret_cast<const void*>(p)); }
 inline __m512i bcast32(const uint8_t* p) { return _mm512_set1_epi32((int)load_u32(p)); }
 
-template <int NT>
-inline void store_tile(const GemmGroup& g, int64_t t0, const __m512* acc) {
-    const __mmask16 m = (__mmask16)((1u << g.nrows) - 1);
-    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(g.y[t0 + t] + g.row0, m, acc[t]);
-}
+// The 512-bit vectors of gemm_tiles.inc: vpdpbusd / vpdpwssd with the activation dword broadcast.
+struct VnniVec {
+    using vi = __m512i;
+    using vf = __m512;
+    static constexpr int kTile = kTokTile;
+    static constexpr int64_t kVec = 64, kCodes256 = ::ds4::quant::kCodes256, kQ2KBlk = ::ds4::quant::kQ2KBlk,
+                             kQ4KBlk = ::ds4::quant::kQ4KBlk;
+    static vi zero_i() { return _mm512_setzero_si512(); }
+    static vf zero_f() { return _mm512_setzero_ps(); }
+    static vi load_i(const uint8_t* p) { return vld(p); }
+    static vf load_f(const uint8_t* p) { return _mm512_load_ps(p); }
+    static vi dot4(vi acc, vi w, const uint8_t* x) { return _mm512_dpbusd_epi32(acc, w, bcast32(x)); }
+    static vi dot2(vi acc, vi m, const uint8_t* x) { return _mm512_dpwssd_epi32(acc, m, bcast32(x)); }
+    static vi mul32(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
+    static vi add32(vi a, vi b) { return _mm512_add_epi32(a, b); }
+    static vf set1(float v) { return _mm512_set1_ps(v); }
+    static vf mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+    static vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+    static vf add(vf a, vf b) { return _mm512_add_ps(a, b); }
+    static vf cvt(vi v) { return _mm512_cvtepi32_ps(v); }
+    static void store(const GemmGroup& g, int64_t t, vf acc) {
+        _mm512_mask_storeu_ps(g.y[t] + g.row0, (__mmask16)((1u << g.nrows) - 1), acc);
+    }
+};
+
+#include "quant/gemm_tiles.inc"
 
 // The int32 block sum of Q8_0 block b for NT tokens (start value: the activation correction).
 template <int NT>
@@ -386,72 +407,7 @@ void tile_q8_0(const GemmGroup& g, int64_t t0) {
         q8_0_isum<NT>(g, x, corr, b, isum);
         for (int t = 0; t < NT; ++t) sum[t] = _mm512_add_ps(sum[t], q8_0_term<NT>(g, x[t], b, isum[t]));
     }
-    store_tile<NT>(g, t0, sum);
-}
-
-// Q2_K / Q4_K: the min term sum_j bsums[j] * min(j) as 8 vpdpwssd over int16 pairs, and the
-// block value (yd*d)*(float)isum - (yd*dmin)*(float)summs added to sumf.
-template <int NT>
-inline void k_block_finish(const uint8_t* mins, const uint8_t* dvec, const uint8_t* const* xb, const __m512i* isum,
-                           __m512* sumf) {
-    __m512i summs[NT];
-    for (int t = 0; t < NT; ++t) summs[t] = _mm512_setzero_si512();
-    for (int p = 0; p < 8; ++p) {
-        const __m512i m = vld(mins + p * kVec);
-        for (int t = 0; t < NT; ++t) summs[t] = _mm512_dpwssd_epi32(summs[t], m, bcast32(xb[t] + 260 + 4 * p));
-    }
-    const __m512 d = _mm512_load_ps(dvec), dm = _mm512_load_ps(dvec + kVec);
-    for (int t = 0; t < NT; ++t) {
-        const __m512 yd = _mm512_set1_ps(load_f32(xb[t]));
-        const __m512 dall = _mm512_mul_ps(yd, d), dmin = _mm512_mul_ps(yd, dm);
-        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(dall, _mm512_cvtepi32_ps(isum[t])),
-                                       _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summs[t])));
-        sumf[t] = _mm512_add_ps(sumf[t], v);
-    }
-}
-
-template <int NT>
-void tile_q2_k(const GemmGroup& g, int64_t t0) {
-    __m512 sumf[NT];
-    for (int t = 0; t < NT; ++t) sumf[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < g.n / QK; ++b) {
-        const uint8_t* pb = g.panel + b * kQ2KBlk;
-        const uint8_t* xb[NT];
-        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
-        __m512i isum[NT];
-        for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
-        for (int s = 0; s < 64; ++s) {
-            const __m512i w = vld(pb + s * kVec);
-            for (int t = 0; t < NT; ++t) isum[t] = _mm512_dpbusd_epi32(isum[t], w, bcast32(xb[t] + 4 + 4 * s));
-        }
-        k_block_finish<NT>(pb + kCodes256, pb + kCodes256 + 8 * kVec, xb, isum, sumf);
-    }
-    store_tile<NT>(g, t0, sumf);
-}
-
-template <int NT>
-void tile_q4_k(const GemmGroup& g, int64_t t0) {
-    __m512 sumf[NT];
-    for (int t = 0; t < NT; ++t) sumf[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < g.n / QK; ++b) {
-        const uint8_t* pb = g.panel + b * kQ4KBlk;
-        const uint8_t* xb[NT];
-        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
-        __m512i isum[NT];
-        for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
-        for (int sub = 0; sub < 8; ++sub) {
-            __m512i part[NT];
-            for (int t = 0; t < NT; ++t) part[t] = _mm512_setzero_si512();
-            for (int s = 8 * sub; s < 8 * sub + 8; ++s) {
-                const __m512i w = vld(pb + s * kVec);
-                for (int t = 0; t < NT; ++t) part[t] = _mm512_dpbusd_epi32(part[t], w, bcast32(xb[t] + 4 + 4 * s));
-            }
-            const __m512i sc = vld(pb + kCodes256 + sub * kVec);
-            for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(part[t], sc));
-        }
-        k_block_finish<NT>(pb + kCodes256 + 8 * kVec, pb + kCodes256 + 16 * kVec, xb, isum, sumf);
-    }
-    store_tile<NT>(g, t0, sumf);
+    store_tile<VnniVec, NT>(g, t0, sum);
 }
 
 template <int NT>
@@ -486,35 +442,18 @@ void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
         }
     }
     for (int t = 0; t < NT; ++t) sumf[t] = _mm512_mul_ps(_mm512_set1_ps(0.125f), sumf[t]);
-    store_tile<NT>(g, t0, sumf);
+    store_tile<VnniVec, NT>(g, t0, sumf);
 }
 
-// ---- group drivers: decode once, then every token tile -------------------------------------------
-
-template <void (*Decode)(const GemmGroup&), template <int> class Tile>
-void run_group(const GemmGroup& g) {
-    Decode(g);
-    int64_t t0 = 0;
-    for (; t0 + kTile <= g.ntok; t0 += kTile) Tile<kTile>::run(g, t0);
-    switch (g.ntok - t0) {
-        case 1: Tile<1>::run(g, t0); break;
-        case 2: Tile<2>::run(g, t0); break;
-        case 3: Tile<3>::run(g, t0); break;
-        case 4: Tile<4>::run(g, t0); break;
-        case 5: Tile<5>::run(g, t0); break;
-        case 6: Tile<6>::run(g, t0); break;
-        case 7: Tile<7>::run(g, t0); break;
-        default: break;
-    }
-}
+// ---- group drivers: decode once, then every token tile (gemm_tiles.inc) ------------------------
 
 template <int NT> struct TileQ8_0 { static void run(const GemmGroup& g, int64_t t0) { tile_q8_0<NT>(g, t0); } };
-template <int NT> struct TileQ2K { static void run(const GemmGroup& g, int64_t t0) { tile_q2_k<NT>(g, t0); } };
-template <int NT> struct TileQ4K { static void run(const GemmGroup& g, int64_t t0) { tile_q4_k<NT>(g, t0); } };
 template <int NT> struct TileIq2 { static void run(const GemmGroup& g, int64_t t0) { tile_iq2_xxs<NT>(g, t0); } };
 
-const GemmKernels kVnni{16, run_group<decode_q8_0, TileQ8_0>, run_group<decode_q2_k, TileQ2K>,
-                        run_group<decode_q4_k, TileQ4K>, run_group<decode_iq2_xxs, TileIq2>, panel_bytes};
+const GemmKernels kVnni{16, run_group<VnniVec, decode_q8_0, TileQ8_0>,
+                        run_group<VnniVec, decode_q2_k, TileQ2K<VnniVec>::T>,
+                        run_group<VnniVec, decode_q4_k, TileQ4K<VnniVec>::T>, run_group<VnniVec, decode_iq2_xxs, TileIq2>,
+                        panel_bytes};
 
 }  // namespace
 
