@@ -103,18 +103,24 @@ def main() -> int:
         else:
             s.eval(1)
         times = []
+        c0 = time.process_time()
         for _ in range(args.decode_steps):
             t = time.perf_counter()
             s.eval(int(rng.integers(0, vocab)))
             times.append(time.perf_counter() - t)
+        # CPU ms per token (all threads, pool spin included): on a loaded machine wall time swings
+        # with the CPU share the process gets; compare builds on this figure there.
+        cms = 1e3 * (time.process_time() - c0) / max(1, args.decode_steps)
         tps = [1 / x for x in times]
         gbs = [wbytes / x / 1e9 for x in times]
         results[f"decode_depth_{d}_tok_s"] = summary(tps)
         results[f"decode_depth_{d}_GB_s"] = summary(gbs)
-        rows.append((f"decode @{d}", (statistics.median(tps), statistics.median(gbs))))
+        results[f"decode_depth_{d}_cpu_ms_per_tok"] = summary([cms])
+        rows.append((f"decode @{d}", (statistics.median(tps), statistics.median(gbs), cms)))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # before the copy test's buffers
     bw = copy_bandwidth_gbs()
-    rows = [(n, v if isinstance(v, str) else f"{v[0]:.2f} tok/s  {v[1]:.2f} GB/s ({100 * v[1] / bw:.0f}% of copy bw)")
+    rows = [(n, v if isinstance(v, str) else
+             f"{v[0]:.2f} tok/s  {v[1]:.2f} GB/s ({100 * v[1] / bw:.0f}% of copy bw)  {v[2]:.2f} CPU ms/token")
             for n, v in rows]
     rows += [("copy bandwidth", f"{bw:.2f} GB/s"), ("weights/decode step", f"{wbytes / 1e6:.1f} MB"),
              ("model file", f"{eng._model.file_bytes / 1e6:.1f} MB"), ("KV bytes (ctx %d)" % ctx, f"{kv_bytes / 1e6:.1f} MB"),

@@ -136,3 +136,52 @@ def test_q8_0_batches_around_the_crossovers_match_matvec(nb):
     Y = core.matmul(int(Q.Q8_0), raw, (n, rows), X)
     for b in range(nb):
         np.testing.assert_array_equal(Y[b].view(np.uint32), core.matvec(int(Q.Q8_0), raw, (n, rows), X[b]).view(np.uint32))
+
+
+# ---- Q8_0 matvec (one activation: q8_0_dot_vec, codes in block order) ---------------------------
+
+
+@given(data=st.data())
+def test_q8_0_matvec_bit_identical_to_row_kernel(data):
+    """matvec on avx512vnni runs its own one-activation kernel (block-order codes, a transposing
+    add tree per 8 blocks, scales assembled without a gather): every output must be the avx512 row
+    kernel's (x86_q8_0_n) to the bit. Lengths cover several 16-block steps, a trailing group of 8
+    and leftover blocks (1..70 blocks), extreme codes and every scale mode."""
+    nblk = data.draw(st.integers(1, 70))
+    n, rows = 32 * nblk, data.draw(st.integers(1, 7))
+    mode = data.draw(st.sampled_from(("normal", "subnormal", "huge", "mixed", "zero_blocks")))
+    raw = _q8_0_extreme_weights(n, rows, data.draw(st.integers(0, 2**31)), mode, data.draw(st.sampled_from((0.0, 0.1, 1.0))))
+    x = activation(n, data.draw(st.integers(0, 2**32 - 1)), data.draw(st.sampled_from(ACT_PATTERNS)))
+    want = _on("avx512", lambda: core.matvec(int(Q.Q8_0), raw, (n, rows), x))
+    got = _on("avx512vnni", lambda: core.matvec(int(Q.Q8_0), raw, (n, rows), x))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_q8_0_matvec_check_sees_every_block():
+    """The bitwise check above is not vacuous for the matvec kernel: changing one block's f16 scale
+    (one mantissa bit, ~6 %) or its codes (bit 6 of each), at every block position of a 2048-long
+    row (decode's shape: four 16-block steps) and of a 16 + 8 + 3 block row, changes that row's
+    output, and the kernel follows the avx512 row kernel exactly. So a kernel pairing a block with
+    a wrong scale, or a block sum with the wrong lane of the add tree, would fail the test above."""
+    for nblk in (64, 27):
+        n, rows = 32 * nblk, 3
+        # scales of one magnitude, so that every block's term shows in the row's float sum
+        rng = np.random.default_rng(nblk)
+        blocks = rng.integers(-128, 128, size=(rows * nblk, 34)).astype(np.int8).view(np.uint8)
+        blocks[:, :2] = rng.uniform(0.5, 1.0, rows * nblk).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        raw = np.ascontiguousarray(blocks).reshape(-1)
+        x = activation(n, 7, "normal")
+        base = _on("avx512vnni", lambda: core.matvec(int(Q.Q8_0), raw, (n, rows), x))
+        for blk in range(nblk):
+            for field in ("scale", "codes"):
+                bad = raw.reshape(-1, 34).copy()
+                if field == "scale":
+                    bad[nblk + blk, :2] = (bad[nblk + blk, :2].view(np.uint16) ^ np.uint16(1 << 6)).view(np.uint8)
+                else:
+                    bad[nblk + blk, 2:] ^= np.uint8(0x40)
+                bad = bad.reshape(-1)
+                got = _on("avx512vnni", lambda: core.matvec(int(Q.Q8_0), bad, (n, rows), x))
+                want = _on("avx512", lambda: core.matvec(int(Q.Q8_0), bad, (n, rows), x))
+                np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+                assert got[1] != base[1], f"{nblk} blocks: {field} change in block {blk} invisible"
+                np.testing.assert_array_equal(got[[0, 2]], base[[0, 2]])

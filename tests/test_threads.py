@@ -60,6 +60,27 @@ def _check_thread_counts(qtype):
             np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.IQ2_XXS, Q.Q2_K], ids=lambda q: q.name)
+def test_many_ranges_bit_identical(qtype, restore_threads):
+    """Weights large enough (~72 MB; 54 MB for the three experts used) that matvec and
+    matvec_experts split the rows into more than the default 4 ranges per thread at 2 and 3
+    threads (matvec.cpp): every thread count gives the one-thread bits."""
+    n, n_expert = 4096, 4
+    rows = (18 << 20) // core.row_bytes(int(qtype), n)
+    raw = random_weights(qtype, n, rows * n_expert, 11)
+    x = activation(n, 12, "normal")
+    X = activation(n, 13, "normal", batch=3)
+    ids = np.array([3, 0, 2], np.int32)
+    outs = []
+    for t in (1, 2, 3, 7):
+        core.set_threads(t)
+        outs.append((core.matvec(int(qtype), raw, (n, rows * n_expert), x),
+                     core.matvec_experts(int(qtype), raw, (n, rows, n_expert), ids, X)))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 def test_default_threads_and_env_override():
     code = "import ds4._core as c; print(c.threads(), c.default_threads())"
     env = installed_env()   # the installed package, not the source tree

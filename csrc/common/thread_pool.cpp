@@ -208,14 +208,19 @@ ThreadPool::~ThreadPool() {
 
 int ThreadPool::size() const noexcept { return impl_->size.load(); }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk,
+                              int ranges_per_thread) {
     if (n <= 0) return;
     if (min_chunk < 1) min_chunk = 1;
-    // Up to 4 ranges per thread, taken from a shared counter: a thread slowed down by other load
-    // on the machine does not hold the others back. (Which thread computes a row never changes
-    // its value.) A resize racing with the size read only changes how many ranges there are.
+    if (ranges_per_thread < 1) ranges_per_thread = 1;
+    // Up to ranges_per_thread ranges per thread, taken from a shared counter: a thread slowed down
+    // by other load on the machine does not hold the others back. (Which thread computes a row
+    // never changes its value.) A resize racing with the size read only changes how many ranges
+    // there are.
     const int threads = impl_->size.load();
-    const int64_t n_tasks = threads <= 1 ? 1 : std::min<int64_t>(4 * (int64_t)threads, std::max<int64_t>(1, n / min_chunk));
+    const int64_t n_tasks =
+        threads <= 1 ? 1
+                     : std::min<int64_t>((int64_t)ranges_per_thread * threads, std::max<int64_t>(1, n / min_chunk));
     if (n_tasks == 1 || t_pool_depth > 0) {
         fn(0, n);
         return;

@@ -198,17 +198,26 @@ static inline void q8_0_weights8(const uint8_t* wb, __m256i* wv) {
     }
 }
 
-// f16 scales of 16 consecutive blocks (4 bytes gathered at each block start: d plus two codes,
-// inside the block; vpmovdw keeps d).
-static inline __m512 q8_0_scales16(const uint8_t* wb) {
-    const __m512i ofs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(34));
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(ofs, wb, 1)));
-}
-
+// f16 scales of 8 consecutive blocks (4 bytes gathered at each block start: d plus two codes,
+// inside the block; vpmovdw keeps d). Once per row at most (the trailing group of 8).
 static inline __m256 q8_0_scales8(const uint8_t* wb) {
     const __m256i ofs = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
     return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_i32gather_epi32(reinterpret_cast<const int*>(wb), ofs, 1)));
+}
+
+// f16 scales of 16 consecutive blocks: four scales per 64-bit word assembled in general
+// registers, two words per 128 bits. (A 16-lane gather of them took ~30 % of the one-activation
+// kernel's time on Zen 4; the integer pipes doing this are otherwise idle in these kernels.)
+static inline __m512 q8_0_scales16(const uint8_t* wb) {
+    uint64_t q[4];
+    for (int h = 0; h < 4; ++h) {
+        const uint8_t* s = wb + 4 * h * 34;
+        q[h] = (uint64_t)load_u16(s) | (uint64_t)load_u16(s + 34) << 16 | (uint64_t)load_u16(s + 68) << 32 |
+               (uint64_t)load_u16(s + 102) << 48;
+    }
+    const __m128i lo = _mm_insert_epi64(_mm_cvtsi64_si128((long long)q[0]), (long long)q[1], 1);
+    const __m128i hi = _mm_insert_epi64(_mm_cvtsi64_si128((long long)q[2]), (long long)q[3], 1);
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
 template <int NA>
@@ -294,6 +303,93 @@ void q8_0_dot_prepared_n(const void* w, const void* prep, int64_t stride, int na
     }
 }
 
+// ---- Q8_0 matvec: one activation, codes in block order -----------------------------------------
+// With a single activation the transposed layout above costs more than it saves: transposing a
+// 16-block weight chunk takes 40 512-bit shuffles (Zen 4 runs each as two 256-bit halves) to spare
+// one reduction per activation. Decode's Q8_0 matvec is as much compute- as memory-bound (the
+// kernel ran at ~23 GB/s per thread in L2 against ~23 GB/s per thread of DRAM read bandwidth),
+// so this form does the reverse: each weight block is one 256-bit vpdpbusd straight from memory
+// against its block of prepared codes, and the eight partial vectors of a group of 8 blocks are
+// reduced by one transposing add tree (hsum8_i32x8, 14 256-bit shuffles per 8 blocks) into lane
+// j = block 8g + j. The correction -128 * sum(x) is added after the tree (int32 sums are exact
+// in any order), then the float steps are the row kernel's: term = (wd * xd) * (float)isum in
+// lane j, groups added in order, hsum_f32x8, leftover blocks in order. Bit-identical to
+// q8_0_dot_prepared and x86_q8_0_n<1> (tests/test_kernels_vnni.py). docs/kernels.md.
+// Prepared activation (q8_0_prep_bytes(n) bytes, the same size): nb blocks of 32 codes in block
+// order, then the nb float scales, then the nb int32 corrections.
+void q8_0_prepare_vec(const void* xq, int64_t n, void* prep) {
+    const int64_t nb = n / 32;
+    const uint8_t* x = static_cast<const uint8_t*>(xq);
+    uint8_t* codes = static_cast<uint8_t*>(prep);
+    float* scales = reinterpret_cast<float*>(codes + nb * 32);
+    int32_t* corr = reinterpret_cast<int32_t*>(codes + nb * 36);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* xb = x + b * sizeof(BlockQ8_0Act);
+        std::memcpy(codes + 32 * b, xb + 4, 32);
+        scales[b] = load_f32(xb);
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) sum += (int8_t)xb[4 + i];
+        corr[b] = -128 * sum;
+    }
+}
+
+// Eight blocks from wb against their prepared codes xc: lane j = sum of block j's code products
+// with the weight offset to u8 (w ^ 0x80 = w + 128), without the correction.
+__attribute__((always_inline)) static inline __m256i q8_0_vec_group8(const uint8_t* wb, const uint8_t* xc) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256i p[8];
+    for (int j = 0; j < 8; ++j) {
+        const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 34 * j + 2)), flip);
+        p[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w,
+                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + 32 * j)));
+    }
+    // Transposing add tree (unpack, not vphaddd: fewer shuffle uops), lanes end in block order.
+    __m256i s[4];
+    for (int i = 0; i < 4; ++i)
+        s[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
+    const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi64(s[0], s[1]), _mm256_unpackhi_epi64(s[0], s[1]));
+    const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi64(s[2], s[3]), _mm256_unpackhi_epi64(s[2], s[3]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
+}
+
+float q8_0_dot_vec(const void* w, const void* prep, int64_t n) {
+    const int64_t nb = n / 32, n8 = nb / 8 * 8;
+    const uint8_t* wp = static_cast<const uint8_t*>(w);
+    const uint8_t* codes = static_cast<const uint8_t*>(prep);
+    const float* xd = reinterpret_cast<const float*>(codes + nb * 32);
+    const int32_t* corr = reinterpret_cast<const int32_t*>(codes + nb * 36);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 16 <= n8; b += 16) {
+        const uint8_t* wb = wp + b * 34;
+        const __m512 wd = q8_0_scales16(wb);
+        for (int g = 0; g < 2; ++g) {
+            const int64_t bg = b + 8 * g;
+            const __m256i isum = _mm256_add_epi32(q8_0_vec_group8(wp + bg * 34, codes + bg * 32),
+                                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + bg)));
+            const __m256 wdg = g == 0 ? _mm512_castps512_ps256(wd) : _mm512_extractf32x8_ps(wd, 1);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(wdg, _mm256_loadu_ps(xd + bg)), _mm256_cvtepi32_ps(isum)));
+        }
+    }
+    if (b < n8) {
+        const __m256i isum = _mm256_add_epi32(q8_0_vec_group8(wp + b * 34, codes + b * 32),
+                                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + b)));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(q8_0_scales8(wp + b * 34), _mm256_loadu_ps(xd + b)),
+                                               _mm256_cvtepi32_ps(isum)));
+        b += 8;
+    }
+    float sum = hsum_f32x8(acc);
+    for (; b < nb; ++b) {
+        const uint8_t* wb = wp + b * 34;
+        const __m256i wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2)),
+                                            _mm256_set1_epi8((char)0x80));
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * 32));
+        const int32_t isum = hsum_i32x8(_mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, x)) + corr[b];
+        sum += (_cvtsh_ss(load_u16(wb)) * xd[b]) * (float)isum;
+    }
+    return sum;
+}
+
 DotKernels make_avx512vnni_table() {
     DotKernels k = make_avx512_table();
     // Q4_K: one activation keeps the AVX2 build (matvec 4096x4096: 19.5 GB/s vs 16.2 for this
@@ -301,6 +397,7 @@ DotKernels make_avx512vnni_table() {
     // form the scalar int32 block sums and float expression, so they agree bit for bit.
     k.q4_k_n = DS4_X86_MULTI(x86_q4_k_n);
     k.q8_0_prep = PreparedDot{q8_0_prep_bytes, q8_0_prepare, q8_0_dot_prepared, q8_0_dot_prepared_n};
+    k.q8_0_vec_prep = PreparedDot{q8_0_prep_bytes, q8_0_prepare_vec, q8_0_dot_vec, nullptr};
     k.iq2_xxs = x86_single<x86_iq2_xxs_n<Iq2BlockVbmi, 1>>;
     k.iq2_xxs_n = x86_multi<x86_iq2_xxs_n<Iq2BlockVbmi, 1>, x86_iq2_xxs_n<Iq2BlockVbmi, 2>,
                             x86_iq2_xxs_n<Iq2BlockVbmi, 3>, x86_iq2_xxs_n<Iq2BlockVbmi, 4>>;

@@ -59,7 +59,8 @@ struct DotKernels {
     DotNFn q2_k_n;
     DotNFn q4_k_n;
     DotNFn iq2_xxs_n;
-    // Optional prepared-activation form for matvec (decode).
+    // Optional prepared-activation form for small batches (matmul) and, where q8_0_vec_prep is
+    // absent, for matvec (decode).
     PreparedDot q8_0_prep = {};
     // Optional register-tiled F16/BF16 blocks (nullptr: the row kernels run).
     HalfBlockFn f16_block = nullptr;
@@ -67,6 +68,8 @@ struct DotKernels {
     // Optional several-rows forms for matvec (nullptr: one DotFn call per row).
     DotRowsFn q2_k_rows = nullptr;
     DotRowsFn iq2_xxs_rows = nullptr;
+    // Optional matvec-only prepared form (dot_n unused): one activation in its own layout.
+    PreparedDot q8_0_vec_prep = {};
 };
 
 const DotKernels& scalar_kernels();
@@ -83,6 +86,7 @@ const DotKernels& active_kernels();   // simd.cpp: the table of the current path
 DotFn dot_fn(const DotKernels& k, GgmlType t);  // throws Unsupported for non-weight types
 DotNFn dot_n_fn(const DotKernels& k, GgmlType t);  // nullptr when the table has none for t
 PreparedDot prepared_dot(const DotKernels& k, GgmlType t);  // members nullptr when none for t
+PreparedDot prepared_vec_dot(const DotKernels& k, GgmlType t);  // matvec's form (prepared_dot's if none)
 DotRowsFn dot_rows_fn(const DotKernels& k, GgmlType t);  // nullptr when the table has none for t
 
 }  // namespace ds4::quant

@@ -20,32 +20,14 @@ namespace {
 inline int8x16_t ld_s8(const uint8_t* p) { return vreinterpretq_s8_u8(vld1q_u8(p)); }
 inline float32x4_t ld_f32(const uint8_t* p) { return vreinterpretq_f32_u8(vld1q_u8(p)); }
 
+#include "quant/half_tile_neon.inc"
+
+// The F16/BF16 row kernel is the 1 x 1 tile (half_tile_neon.inc), so the tiles give its bits.
 template <bool kBf16>
 float neon_dot_half(const void* w, const void* xq, int64_t n) {
-    const uint8_t* wp = static_cast<const uint8_t*>(w);
-    const uint8_t* xp = static_cast<const uint8_t*>(xq);
-    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const uint16x8_t hv = vreinterpretq_u16_u8(vld1q_u8(wp + 2 * i));
-        float32x4_t h0, h1;
-        if (kBf16) {
-            h0 = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(hv), 16));
-            h1 = vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(hv), 16));
-        } else {
-            const float16x8_t f = vreinterpretq_f16_u16(hv);
-            h0 = vcvt_f32_f16(vget_low_f16(f));
-            h1 = vcvt_f32_f16(vget_high_f16(f));
-        }
-        acc0 = vfmaq_f32(acc0, h0, ld_f32(xp + 4 * i));
-        acc1 = vfmaq_f32(acc1, h1, ld_f32(xp + 4 * (i + 4)));
-    }
-    float acc = vaddvq_f32(vaddq_f32(acc0, acc1));
-    for (; i < n; ++i) {
-        const uint16_t h = load_u16(wp + 2 * i);
-        acc += (kBf16 ? bf16_to_f32(h) : f16_to_f32(h)) * load_f32(xp + 4 * i);
-    }
-    return acc;
+    float y;
+    neon_half_tile<kBf16, 1, 1>(static_cast<const uint8_t*>(w), 0, static_cast<const float*>(xq), 0, n, &y, 0);
+    return y;
 }
 
 inline int32x4_t q8_0_dot_lanes(const uint8_t* wq, const uint8_t* aq) {
@@ -188,7 +170,8 @@ float neon_dot_iq2_xxs(const void* w, const void* xq, int64_t n) {
 
 const DotKernels& neon_kernels() {
     static const DotKernels k{scalar_kernels().f32, neon_dot_half<false>, neon_dot_half<true>, neon_dot_q8_0,
-                              neon_dot_q2_k, neon_dot_q4_k, neon_dot_iq2_xxs, nullptr, nullptr, nullptr, nullptr};
+                              neon_dot_q2_k, neon_dot_q4_k, neon_dot_iq2_xxs, nullptr, nullptr, nullptr, nullptr,
+                              PreparedDot{}, neon_half_block<false>, neon_half_block<true>};
     return k;
 }
 

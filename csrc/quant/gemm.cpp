@@ -1,5 +1,5 @@
 // The portable half of the prefill GEMM (gemm.h): which per-ISA group kernel runs (avx512vnni,
-// avx2), the activation-side corrections, the per-thread panel scratch and the split of row
+// avx2, neon), the activation-side corrections, the per-thread panel scratch and the split of row
 // groups over threads. The ISA files only decode panels and run micro-kernels.
 #include "quant/gemm.h"
 
@@ -33,6 +33,9 @@ const GemmKernels* table_for_active_path() {
     if (simd_path() == SimdPath::AVX512VNNI) return &avx512vnni_gemm();
     if (simd_path() == SimdPath::AVX2) return &avx2_gemm();
 #endif
+#if defined(DS4_ARCH_ARM64)
+    if (simd_path() == SimdPath::NEON) return &neon_gemm();
+#endif
     return nullptr;
 }
 
@@ -49,8 +52,11 @@ GemmGroupFn pick(const GemmKernels& k, GgmlType t) {
 // The kernels feed the weights to vpdpbusd as unsigned bytes (code + 128) for the signed formats,
 // so each group of 32 activation codes needs -128 * (their sum) added back: computed once per
 // call for every token (n/32 int32 per token, a few KiB), shared by all row groups.
-// (The AVX2 kernels do not use them; computing them anyway costs n/32 additions per token.)
-bool needs_corrections(GgmlType t) { return t == GgmlType::Q8_0 || t == GgmlType::IQ2_XXS; }
+// (The AVX2 kernels do not use them; computing them anyway costs n/32 additions per token. NEON's
+// sdot multiplies signed by signed and never needs them.)
+bool needs_corrections(GgmlType t) {
+    return (t == GgmlType::Q8_0 || t == GgmlType::IQ2_XXS) && simd_path() != SimdPath::NEON;
+}
 
 std::vector<int32_t> corrections(GgmlType t, const uint8_t* xq, int64_t act_bytes, int64_t ntok, int64_t n) {
     const int64_t groups = n / 32;

@@ -1,5 +1,5 @@
 // Register-blocked quantised GEMM for prefill (docs/gemm.md): a group of weight rows (16 for
-// AVX-512, 8 for AVX2: one vector of int32 lanes) is
+// AVX-512, 8 for AVX2: one vector of int32 lanes; 8 for NEON: two) is
 // decoded once into an int8 panel laid out for the dot-product instructions (4 consecutive
 // k of 16 rows per 64-byte vector), and the micro-kernel applies it to every token of the batch,
 // several tokens per register tile. The panel is scratch of one group (tens of KiB, stays in L2);
@@ -52,6 +52,9 @@ const GemmKernels& avx2_gemm();        // gemm_avx2.cpp (Q2_K, Q4_K, IQ2_XXS)
 // 12 independent vpdpbusd zmm chains, iters rounds: 12 * 64 * iters int8 multiply-adds. The
 // return value depends on every accumulator (so the loop is not optimised away).
 int64_t avx512vnni_dot_loop(int64_t iters);
+#endif
+#if defined(DS4_ARCH_ARM64)
+const GemmKernels& neon_gemm();  // gemm_neon.cpp (sdot: signed codes, no corrections needed)
 #endif
 
 // The int8 dot-product peak of this machine, measured: every thread of pool runs

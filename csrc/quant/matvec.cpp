@@ -18,6 +18,16 @@ using namespace quant;
 
 namespace {
 
+// Ranges per thread of a weight-streaming row split. At the end of a job one thread finishes its
+// last range while the other waits (on average half a range), so on a large matrix short ranges
+// pay: with the pool's default 4, a 2-thread matvec over the output head (8 ranges of 35 MB)
+// could lose up to 1/8 of its time there. But each range starts its software prefetch afresh, so
+// ranges stay at least ~4 MB: up to 16 per thread on large matrices, the default 4 below that.
+int ranges_per_thread(int64_t bytes, const ThreadPool& pool) {
+    const int64_t per = bytes / ((int64_t)pool.size() * (4 << 20));
+    return per < 4 ? 4 : per > 16 ? 16 : (int)per;
+}
+
 // Rows per task: enough weight bytes (~64 KiB) that scheduling cost is noise next to streaming.
 int64_t min_rows_per_task(int64_t row_bytes) {
     const int64_t target = 64 * 1024;
@@ -120,7 +130,7 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     }
     // Where the path has a prepared form, the activation is rearranged once for all rows
     // (dot_kernels.h); its row kernel has DotFn's signature and gives the same results.
-    const PreparedDot prep = prepared_dot(active_kernels(), t);
+    const PreparedDot prep = prepared_vec_dot(active_kernels(), t);
     // The several-rows kernels read the plain activation layout, never a prepared one.
     DotRowsFn rows_fn = prep.dot ? nullptr : dot_rows_fn(active_kernels(), t);
     const void* xa = xq;
@@ -134,7 +144,7 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     pool_or_global(pool).parallel_for(
         rows,
         [&](int64_t r0, int64_t r1) { dot_rows(fn, rows_fn, wb, wb + r1 * rb, rb, r0, r1, xa, n, y + r0); },
-        min_rows_per_task(rb));
+        min_rows_per_task(rb), ranges_per_thread(rows * rb, pool_or_global(pool)));
 }
 
 void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, int64_t nb, float* y,
@@ -235,7 +245,7 @@ void matvec_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
                 k += e - r;
             }
         },
-        min_rows_per_task(rb));
+        min_rows_per_task(rb), ranges_per_thread(n_ids * mat_bytes, pool_or_global(pool)));
 }
 
 void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, int64_t n, const int32_t* ids,

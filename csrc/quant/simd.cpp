@@ -190,6 +190,11 @@ PreparedDot prepared_dot(const DotKernels& k, GgmlType t) {
     return t == GgmlType::Q8_0 ? k.q8_0_prep : PreparedDot{};
 }
 
+PreparedDot prepared_vec_dot(const DotKernels& k, GgmlType t) {
+    if (t == GgmlType::Q8_0 && k.q8_0_vec_prep.dot) return k.q8_0_vec_prep;
+    return prepared_dot(k, t);
+}
+
 DotRowsFn dot_rows_fn(const DotKernels& k, GgmlType t) {
     return t == GgmlType::Q2_K ? k.q2_k_rows : t == GgmlType::IQ2_XXS ? k.iq2_xxs_rows : nullptr;
 }
