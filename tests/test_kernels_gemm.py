@@ -82,6 +82,30 @@ def test_gemm_experts_match_matvec_experts(path, qtype, data):
             np.testing.assert_array_equal(Y[b].view(np.uint32), want.view(np.uint32))
 
 
+# The AVX-512 panel decoders read each row group's blocks as contiguous row loads transposed in
+# registers: Q8_0 in spans of 4 blocks (136 bytes, a dword boundary) with a 1-3 block tail read
+# through byte masks, Q4_K/IQ2_XXS with a 16-byte-per-row transpose for the bytes past 128 (Q4_K
+# dwords 32-35, the IQ2_XXS scale). Every span tail, every partial group (rows past the last
+# full 16 are never read) and tokens past the prepared small-batch cut-off (dense Q8_0 matmul
+# takes the GEMM from 16 tokens) must give the row kernel's bits.
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda q: q.name)
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_gemm_panel_span_tails_and_partial_groups(path, qtype, data):
+    be, _ = block_size(qtype)
+    n = be * data.draw(st.integers(1, 13) if be == 32 else st.integers(1, 2))
+    rows = data.draw(st.sampled_from((1, 2, 3, 7, 15, 16, 17, 31, 33)))
+    nb = data.draw(st.integers(16, 26))
+    raw = random_weights(qtype, n, rows, data.draw(st.integers(0, 2**32 - 1)),
+                         data.draw(st.sampled_from(("normal", "mixed", "subnormal", "huge"))))
+    X = activation(n, data.draw(st.integers(0, 2**32 - 1)), data.draw(st.sampled_from(ACT_PATTERNS)), batch=nb)
+    with simd_path(path):
+        Y = core.matmul(int(qtype), raw, (n, rows), X)
+        per_token = np.stack([core.matvec(int(qtype), raw, (n, rows), x) for x in X])
+    np.testing.assert_array_equal(Y.view(np.uint32), per_token.view(np.uint32))
+
+
 @pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda q: q.name)
 def test_gemm_realistic_shape_bit_identical_to_matvec(qtype):
     """n = 4096, 37 rows (two full panels and a partial one), 19 tokens (two tiles + 3)."""

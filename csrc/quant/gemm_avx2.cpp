@@ -22,7 +22,7 @@ namespace ds4::quant {
 namespace {
 
 constexpr int kRows = 8;
-constexpr int kTile = 4;
+constexpr int kTokTile = 4;
 constexpr int64_t kVec = 32;
 constexpr int64_t kCodes256 = 64 * kVec;
 constexpr int64_t kQ2KBlk = kCodes256 + 8 * kVec + 2 * kVec;       // codes, min pairs, d, dmin
@@ -171,79 +171,36 @@ inline __m256i dot4(__m256i acc, __m256i w_u8, __m256i a_s8) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w_u8, a_s8), _mm256_set1_epi16(1)));
 }
 
-template <int NT>
-inline void store_tile(const GemmGroup& g, int64_t t0, const __m256* acc) {
-    for (int t = 0; t < NT; ++t) {
+// The 256-bit vectors of gemm_tiles.inc: vpmaddubsw + vpmaddwd(ones) in place of vpdpbusd (the
+// int16 pair sums cannot saturate, see above), vpmaddwd + add in place of vpdpwssd.
+struct Avx2Vec {
+    using vi = __m256i;
+    using vf = __m256;
+    static constexpr int kTile = kTokTile;
+    static constexpr int64_t kVec = 32, kCodes256 = ::ds4::quant::kCodes256, kQ2KBlk = ::ds4::quant::kQ2KBlk,
+                             kQ4KBlk = ::ds4::quant::kQ4KBlk;
+    static vi zero_i() { return _mm256_setzero_si256(); }
+    static vf zero_f() { return _mm256_setzero_ps(); }
+    static vi load_i(const uint8_t* p) { return vld(p); }
+    static vf load_f(const uint8_t* p) { return _mm256_load_ps(reinterpret_cast<const float*>(p)); }
+    static vi dot4(vi acc, vi w, const uint8_t* x) { return ::ds4::quant::dot4(acc, w, bcast32(x)); }
+    static vi dot2(vi acc, vi m, const uint8_t* x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(m, bcast32(x))); }
+    static vi mul32(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
+    static vi add32(vi a, vi b) { return _mm256_add_epi32(a, b); }
+    static vf set1(float v) { return _mm256_set1_ps(v); }
+    static vf mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+    static vf sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+    static vf add(vf a, vf b) { return _mm256_add_ps(a, b); }
+    static vf cvt(vi v) { return _mm256_cvtepi32_ps(v); }
+    static void store(const GemmGroup& g, int64_t t, vf acc) {
         alignas(32) float v[kRows];
-        _mm256_store_ps(v, acc[t]);
-        float* y = g.y[t0 + t] + g.row0;
+        _mm256_store_ps(v, acc);
+        float* y = g.y[t] + g.row0;
         for (int r = 0; r < g.nrows; ++r) y[r] = v[r];
     }
-}
+};
 
-template <int NT>
-inline void k_block_finish(const uint8_t* mins, const uint8_t* dvec, const uint8_t* const* xb, const __m256i* isum,
-                           __m256* sumf) {
-    __m256i summs[NT];
-    for (int t = 0; t < NT; ++t) summs[t] = _mm256_setzero_si256();
-    for (int p = 0; p < 8; ++p) {
-        const __m256i m = vld(mins + p * kVec);
-        for (int t = 0; t < NT; ++t) summs[t] = _mm256_add_epi32(summs[t], _mm256_madd_epi16(m, bcast32(xb[t] + 260 + 4 * p)));
-    }
-    const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(dvec));
-    const __m256 dm = _mm256_load_ps(reinterpret_cast<const float*>(dvec + kVec));
-    for (int t = 0; t < NT; ++t) {
-        const __m256 yd = _mm256_set1_ps(load_f32(xb[t]));
-        const __m256 dall = _mm256_mul_ps(yd, d), dmin = _mm256_mul_ps(yd, dm);
-        const __m256 v = _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(isum[t])),
-                                       _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(summs[t])));
-        sumf[t] = _mm256_add_ps(sumf[t], v);
-    }
-}
-
-template <int NT>
-void tile_q2_k(const GemmGroup& g, int64_t t0) {
-    __m256 sumf[NT];
-    for (int t = 0; t < NT; ++t) sumf[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < g.n / QK; ++b) {
-        const uint8_t* pb = g.panel + b * kQ2KBlk;
-        const uint8_t* xb[NT];
-        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
-        __m256i isum[NT];
-        for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
-        for (int s = 0; s < 64; ++s) {
-            const __m256i w = vld(pb + s * kVec);
-            for (int t = 0; t < NT; ++t) isum[t] = dot4(isum[t], w, bcast32(xb[t] + 4 + 4 * s));
-        }
-        k_block_finish<NT>(pb + kCodes256, pb + kCodes256 + 8 * kVec, xb, isum, sumf);
-    }
-    store_tile<NT>(g, t0, sumf);
-}
-
-template <int NT>
-void tile_q4_k(const GemmGroup& g, int64_t t0) {
-    __m256 sumf[NT];
-    for (int t = 0; t < NT; ++t) sumf[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < g.n / QK; ++b) {
-        const uint8_t* pb = g.panel + b * kQ4KBlk;
-        const uint8_t* xb[NT];
-        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
-        __m256i isum[NT];
-        for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
-        for (int sub = 0; sub < 8; ++sub) {
-            __m256i part[NT];
-            for (int t = 0; t < NT; ++t) part[t] = _mm256_setzero_si256();
-            for (int s = 8 * sub; s < 8 * sub + 8; ++s) {
-                const __m256i w = vld(pb + s * kVec);
-                for (int t = 0; t < NT; ++t) part[t] = dot4(part[t], w, bcast32(xb[t] + 4 + 4 * s));
-            }
-            const __m256i sc = vld(pb + kCodes256 + sub * kVec);
-            for (int t = 0; t < NT; ++t) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(part[t], sc));
-        }
-        k_block_finish<NT>(pb + kCodes256 + 8 * kVec, pb + kCodes256 + 16 * kVec, xb, isum, sumf);
-    }
-    store_tile<NT>(g, t0, sumf);
-}
+#include "quant/gemm_tiles.inc"
 
 template <int NT>
 void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
@@ -273,28 +230,14 @@ void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
         }
     }
     for (int t = 0; t < NT; ++t) sumf[t] = _mm256_mul_ps(_mm256_set1_ps(0.125f), sumf[t]);
-    store_tile<NT>(g, t0, sumf);
+    store_tile<Avx2Vec, NT>(g, t0, sumf);
 }
 
-template <void (*Decode)(const GemmGroup&), template <int> class Tile>
-void run_group(const GemmGroup& g) {
-    Decode(g);
-    int64_t t0 = 0;
-    for (; t0 + kTile <= g.ntok; t0 += kTile) Tile<kTile>::run(g, t0);
-    switch (g.ntok - t0) {
-        case 1: Tile<1>::run(g, t0); break;
-        case 2: Tile<2>::run(g, t0); break;
-        case 3: Tile<3>::run(g, t0); break;
-        default: break;
-    }
-}
-
-template <int NT> struct TileQ2K { static void run(const GemmGroup& g, int64_t t0) { tile_q2_k<NT>(g, t0); } };
-template <int NT> struct TileQ4K { static void run(const GemmGroup& g, int64_t t0) { tile_q4_k<NT>(g, t0); } };
 template <int NT> struct TileIq2 { static void run(const GemmGroup& g, int64_t t0) { tile_iq2_xxs<NT>(g, t0); } };
 
-const GemmKernels kAvx2{kRows, nullptr, run_group<decode_q2_k, TileQ2K>, run_group<decode_q4_k, TileQ4K>,
-                        run_group<decode_iq2_xxs, TileIq2>, panel_bytes};
+const GemmKernels kAvx2{kRows, nullptr, run_group<Avx2Vec, decode_q2_k, TileQ2K<Avx2Vec>::T>,
+                        run_group<Avx2Vec, decode_q4_k, TileQ4K<Avx2Vec>::T>, run_group<Avx2Vec, decode_iq2_xxs, TileIq2>,
+                        panel_bytes};
 
 }  // namespace
 

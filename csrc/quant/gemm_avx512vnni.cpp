@@ -18,6 +18,8 @@
 //               the remaining blocks added one by one (x86_q8_0_n in dot_x86_common.inc).
 #include "quant/avx512_intrinsics.h"
 
+#include <type_traits>
+
 #include "quant/formats.h"
 #include "quant/gemm.h"
 #include "quant/iq2xxs_codes.h"
@@ -27,7 +29,7 @@ namespace ds4::quant {
 
 namespace {
 
-constexpr int kTile = 8;  // tokens per register tile (8 x 3 accumulators + operands fit 32 zmm)
+constexpr int kTokTile = 8;  // tokens per register tile (8 x 3 accumulators + operands fit 32 zmm)
 
 // Panel bytes per block.
 constexpr int64_t kCodes256 = 64 * 64;  // 64 vectors of 4 k x 16 rows
@@ -48,24 +50,10 @@ size_t panel_bytes(GgmlType t, int64_t n) {
 }
 
 // ---- panel decoding (once per row group) -------------------------------------------------------
-// Q2_K and IQ2_XXS load each row's block contiguously (16 rows x 64 bytes) and transpose the
-// 16 x 16 dwords in registers, so vector j holds dword j of every row (rows in lanes), the layout
-// the panel wants; the 16-lane gathers this replaces (one per dword) dominated the decode. Q8_0,
-// Q4_K and the few per-block scalars left still gather: lane r reads its dword from row r
-// (row_bytes apart). Lanes past nrows are masked off and read as zero either way.
-
-struct RowGather {
-    __m512i idx;
-    __mmask16 live;
-    explicit RowGather(const GemmGroup& g)
-        : idx(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                 _mm512_set1_epi32((int)g.row_bytes))),
-          live((__mmask16)((1u << g.nrows) - 1)) {}
-    // Dword at byte offset off of every row's block (off + 4 <= block size: never past a row).
-    inline __m512i at(const uint8_t* block0, int64_t off) const {
-        return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, block0 + off, 1);
-    }
-};
+// Every type loads each row's block bytes contiguously (16 rows side by side) and transposes the
+// dwords in registers, so vector j holds dword j of every row (rows in lanes), the layout the panel
+// wants; the 16-lane gathers this replaces (one per dword) dominated the decode (docs/gemm.md
+// "Measured"). Rows past nrows are never read and their lanes are zero.
 
 // v[r] = the dwords of row r at p + r * row_bytes selected by `dwords` (others zero), rows >= nrows zero.
 inline void load_rows(const GemmGroup& g, const uint8_t* p, __mmask16 dwords, __m512i* v) {
@@ -99,19 +87,88 @@ inline void transpose_16x16(__m512i* v) {
     }
 }
 
+// out[j] lane r <- dword j of the 16 bytes at p + r * row_bytes (bytes outside `bytes` read as zero,
+// so a short tail never touches memory past it). Each 128-bit lane q of x[l] takes row 4q + l; one
+// 4 x 4 dword transpose inside the lanes then leaves lane 4q + l of out[j] = row 4q + l, dword j.
+inline void load_transpose_16x4(const GemmGroup& g, const uint8_t* p, __mmask16 bytes, __m512i* out) {
+    auto row = [&](int r) {
+        return r < g.nrows ? _mm_maskz_loadu_epi8(bytes, p + r * g.row_bytes) : _mm_setzero_si128();
+    };
+    __m512i x[4];
+    for (int l = 0; l < 4; ++l) {
+        __m512i v = _mm512_castsi128_si512(row(l));
+        v = _mm512_inserti32x4(v, row(4 + l), 1);
+        v = _mm512_inserti32x4(v, row(8 + l), 2);
+        x[l] = _mm512_inserti32x4(v, row(12 + l), 3);
+    }
+    const __m512i t0 = _mm512_unpacklo_epi32(x[0], x[1]), t1 = _mm512_unpackhi_epi32(x[0], x[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(x[2], x[3]), t3 = _mm512_unpackhi_epi32(x[2], x[3]);
+    out[0] = _mm512_unpacklo_epi64(t0, t2);
+    out[1] = _mm512_unpackhi_epi64(t0, t2);
+    out[2] = _mm512_unpacklo_epi64(t1, t3);
+    out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+// d[j] lane r <- dword j of row r's first nbytes bytes at p (nbytes <= 144; dwords past nbytes
+// zero, nothing past p + nbytes read): two 16 x 16 transposes and the 16 x 4 one for dwords 32-35.
+inline void load_dwords_144(const GemmGroup& g, const uint8_t* p, int nbytes, __m512i* d) {
+    auto m64 = [&](int from) -> __mmask64 {
+        const int k = nbytes - from;
+        return k >= 64 ? ~(__mmask64)0 : k <= 0 ? (__mmask64)0 : (((__mmask64)1 << k) - 1);
+    };
+    for (int h = 0; h < 2; ++h) {
+        const __mmask64 m = m64(64 * h);
+        for (int r = 0; r < 16; ++r)
+            d[16 * h + r] = r < g.nrows && m ? _mm512_maskz_loadu_epi8(m, p + 64 * h + r * g.row_bytes)
+                                             : _mm512_setzero_si512();
+        if (m) transpose_16x16(d + 16 * h);
+    }
+    const int k = nbytes - 128;
+    if (k > 0)
+        load_transpose_16x4(g, p + 128, (__mmask16)(k >= 16 ? 0xFFFF : (1u << k) - 1), d + 32);
+    else
+        for (int j = 32; j < 36; ++j) d[j] = _mm512_setzero_si512();
+}
+
 inline void vst(uint8_t* p, __m512i v) { _mm512_store_si512(reinterpret_cast<void*>(p), v); }
 inline __m512 f16_lo(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)); }
 inline __m512 f16_hi(__m512i v) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))); }
 inline __m512i byte_of(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(255)); }
 
-void decode_q8_0(const GemmGroup& g) {
-    const RowGather rows(g);
+// Q8_0 blocks are 34 bytes, so dwords and blocks realign every 4 blocks (136 bytes): each 4-block
+// span is transposed whole and block k's codes start at byte 34k + 2, on a dword boundary for odd k
+// and halfway into one for even k (the dword is then joined from the upper half of one transposed
+// dword and the lower half of the next); its f16 scale is the lower or upper half of dword 34k / 4.
+// NK blocks (1-4) from w into their panel blocks at pb; with NK a constant every offset below is
+// one, so the loops unroll into straight shuffles and stores.
+template <int NK>
+inline void decode_q8_0_span(const GemmGroup& g, const uint8_t* w, uint8_t* pb) {
     const __m512i flip = _mm512_set1_epi32((int)0x80808080u);
-    for (int64_t b = 0; b < g.n / 32; ++b) {
-        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ8_0);
-        uint8_t* pb = g.panel + b * kQ8_0Blk;
-        for (int s = 0; s < 8; ++s) vst(pb + s * kVec, _mm512_xor_si512(rows.at(blk, 2 + 4 * s), flip));
-        _mm512_store_ps(pb + 8 * kVec, f16_lo(rows.at(blk, 0)));  // d and the first two codes
+    __m512i d[36];
+    load_dwords_144(g, w, 34 * NK, d);
+#pragma GCC unroll 4
+    for (int k = 0; k < NK; ++k) {
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) {
+            const int off = 34 * k + 2 + 4 * s, i = off / 4;
+            const __m512i v = off % 4 == 0 ? d[i]
+                                           : _mm512_or_si512(_mm512_srli_epi32(d[i], 16), _mm512_slli_epi32(d[i + 1], 16));
+            vst(pb + k * kQ8_0Blk + s * kVec, _mm512_xor_si512(v, flip));
+        }
+        const int off = 34 * k;
+        _mm512_store_ps(pb + k * kQ8_0Blk + 8 * kVec, off % 4 == 0 ? f16_lo(d[off / 4]) : f16_hi(d[off / 4]));
+    }
+}
+
+void decode_q8_0(const GemmGroup& g) {
+    const int64_t nb = g.n / 32, whole = nb / 4 * 4;
+    const int64_t wb = (int64_t)sizeof(BlockQ8_0);
+    for (int64_t b0 = 0; b0 < whole; b0 += 4) decode_q8_0_span<4>(g, g.w + b0 * wb, g.panel + b0 * kQ8_0Blk);
+    switch (nb - whole) {
+        case 1: decode_q8_0_span<1>(g, g.w + whole * wb, g.panel + whole * kQ8_0Blk); break;
+        case 2: decode_q8_0_span<2>(g, g.w + whole * wb, g.panel + whole * kQ8_0Blk); break;
+        case 3: decode_q8_0_span<3>(g, g.w + whole * wb, g.panel + whole * kQ8_0Blk); break;
+        default: break;
     }
 }
 
@@ -153,21 +210,22 @@ void decode_q2_k(const GemmGroup& g) {
 }
 
 void decode_q4_k(const GemmGroup& g) {
-    const RowGather rows(g);
     const __m512i m4 = _mm512_set1_epi32(0x0F0F0F0F), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ4K);
         uint8_t* pb = g.panel + b * kQ4KBlk;
+        __m512i d[36];  // dword 0: d | dmin, 1-3: the 12 scale bytes, 4-35: qs
+        load_dwords_144(g, blk, (int)sizeof(BlockQ4K), d);
         // k = 64c + l: low nibble of qs[32c + l] (sub-block 2c); k = 64c + 32 + l: high (2c+1).
         for (int c = 0; c < 4; ++c) {
             for (int m = 0; m < 8; ++m) {
-                const __m512i v = rows.at(blk, 16 + 32 * c + 4 * m);
+                const __m512i v = d[4 + 8 * c + m];
                 vst(pb + (16 * c + m) * kVec, _mm512_and_si512(v, m4));
                 vst(pb + (16 * c + 8 + m) * kVec, _mm512_and_si512(_mm512_srli_epi32(v, 4), m4));
             }
         }
         // The 6-bit (scale, min) pairs of q4k_scale_min, per lane.
-        const __m512i s0 = rows.at(blk, 4), s1 = rows.at(blk, 8), s2 = rows.at(blk, 12);
+        const __m512i s0 = d[1], s1 = d[2], s2 = d[3];
         auto sbyte = [&](int i) { return byte_of(i < 4 ? s0 : i < 8 ? s1 : s2, i & 3); };
         for (int k = 0; k < 8; ++k) {
             __m512i sc, mn;
@@ -183,9 +241,8 @@ void decode_q4_k(const GemmGroup& g) {
             vst(pb + kCodes256 + k * kVec, sc);
             vst(pb + kCodes256 + (8 + k) * kVec, _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16)));
         }
-        const __m512i dd = rows.at(blk, 0);
-        _mm512_store_ps(pb + kCodes256 + 16 * kVec, f16_lo(dd));
-        _mm512_store_ps(pb + kCodes256 + 17 * kVec, f16_hi(dd));
+        _mm512_store_ps(pb + kCodes256 + 16 * kVec, f16_lo(d[0]));
+        _mm512_store_ps(pb + kCodes256 + 17 * kVec, f16_hi(d[0]));
     }
 }
 
@@ -232,7 +289,6 @@ inline __m512i lookup256(const uint8_t* tab, __m512i idx, __mmask64 bit7) {
 }
 
 void decode_iq2_xxs(const GemmGroup& g) {
-    const RowGather rows(g);
     const __m512i m3 = _mm512_set1_epi8(3);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockIQ2XXS);
@@ -257,7 +313,9 @@ void decode_iq2_xxs(const GemmGroup& g) {
             vst(pb + kCodes256 + ib * kVec,
                 _mm512_add_epi32(_mm512_slli_epi32(_mm512_srli_epi32(sw, 28), 1), _mm512_set1_epi32(1)));
         }
-        _mm512_store_ps(pb + kCodes256 + 8 * kVec, f16_lo(rows.at(blk, 0)));
+        __m512i dv[4];  // lane r of dv[0]: row r's f16 d (2 bytes read per row)
+        load_transpose_16x4(g, blk, 0x3, dv);
+        _mm512_store_ps(pb + kCodes256 + 8 * kVec, f16_lo(dv[0]));
     }
 }
 
@@ -266,11 +324,32 @@ void decode_iq2_xxs(const GemmGroup& g) {
 inline __m512i vld(const uint8_t* p) { return _mm512_load_si512(reinterpret_cast<const void*>(p)); }
 inline __m512i bcast32(const uint8_t* p) { return _mm512_set1_epi32((int)load_u32(p)); }
 
-template <int NT>
-inline void store_tile(const GemmGroup& g, int64_t t0, const __m512* acc) {
-    const __mmask16 m = (__mmask16)((1u << g.nrows) - 1);
-    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(g.y[t0 + t] + g.row0, m, acc[t]);
-}
+// The 512-bit vectors of gemm_tiles.inc: vpdpbusd / vpdpwssd with the activation dword broadcast.
+struct VnniVec {
+    using vi = __m512i;
+    using vf = __m512;
+    static constexpr int kTile = kTokTile;
+    static constexpr int64_t kVec = 64, kCodes256 = ::ds4::quant::kCodes256, kQ2KBlk = ::ds4::quant::kQ2KBlk,
+                             kQ4KBlk = ::ds4::quant::kQ4KBlk;
+    static vi zero_i() { return _mm512_setzero_si512(); }
+    static vf zero_f() { return _mm512_setzero_ps(); }
+    static vi load_i(const uint8_t* p) { return vld(p); }
+    static vf load_f(const uint8_t* p) { return _mm512_load_ps(p); }
+    static vi dot4(vi acc, vi w, const uint8_t* x) { return _mm512_dpbusd_epi32(acc, w, bcast32(x)); }
+    static vi dot2(vi acc, vi m, const uint8_t* x) { return _mm512_dpwssd_epi32(acc, m, bcast32(x)); }
+    static vi mul32(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
+    static vi add32(vi a, vi b) { return _mm512_add_epi32(a, b); }
+    static vf set1(float v) { return _mm512_set1_ps(v); }
+    static vf mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+    static vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+    static vf add(vf a, vf b) { return _mm512_add_ps(a, b); }
+    static vf cvt(vi v) { return _mm512_cvtepi32_ps(v); }
+    static void store(const GemmGroup& g, int64_t t, vf acc) {
+        _mm512_mask_storeu_ps(g.y[t] + g.row0, (__mmask16)((1u << g.nrows) - 1), acc);
+    }
+};
+
+#include "quant/gemm_tiles.inc"
 
 // The int32 block sum of Q8_0 block b for NT tokens (start value: the activation correction).
 template <int NT>
@@ -303,19 +382,29 @@ void tile_q8_0(const GemmGroup& g, int64_t t0) {
         corr[t] = g.corr + (t0 + t) * groups_per_tok;
     }
     __m512 sum[NT];
-    for (int t = 0; t < NT; ++t) sum[t] = _mm512_setzero_ps();
-    if (groups > 0) {
+    if (groups == 0)
+        for (int t = 0; t < NT; ++t) sum[t] = _mm512_setzero_ps();
+    else {
+        // Blocks in file order, block b into lane b % 8 (the lanes live on the stack, in L1): the
+        // panel and every token's activation are read once, front to back, which the hardware
+        // prefetchers follow; a lane-by-lane pass (8 strided sweeps) was ~20 % slower at 512 tokens,
+        // whose activations (2.3 MiB at n = 4096) do not stay in L2. Same additions per lane.
         __m512 lane[8][NT];
-        for (int j = 0; j < 8; ++j) {
-            __m512 acc[NT];
-            for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-            for (int64_t gi = 0; gi < groups; ++gi) {
+        // Group 0 starts each lane as 0 + term (the very addition a zeroed lane would do: same
+        // bits, -0 included) rather than zeroing the 8 x NT array first, which GCC turned into a
+        // rep stos costing ~7 % of this tile in a `small` prefill (n = 1024: 4 groups per call).
+        auto group = [&](int64_t gi, auto first) {
+            for (int j = 0; j < 8; ++j) {
                 __m512i isum[NT];
                 q8_0_isum<NT>(g, x, corr, 8 * gi + j, isum);
-                for (int t = 0; t < NT; ++t) acc[t] = _mm512_add_ps(acc[t], q8_0_term<NT>(g, x[t], 8 * gi + j, isum[t]));
+                for (int t = 0; t < NT; ++t) {
+                    const __m512 prev = decltype(first)::value ? _mm512_setzero_ps() : lane[j][t];
+                    lane[j][t] = _mm512_add_ps(prev, q8_0_term<NT>(g, x[t], 8 * gi + j, isum[t]));
+                }
             }
-            for (int t = 0; t < NT; ++t) lane[j][t] = acc[t];
-        }
+        };
+        group(0, std::true_type{});
+        for (int64_t gi = 1; gi < groups; ++gi) group(gi, std::false_type{});
         for (int t = 0; t < NT; ++t) {
             const __m512 a0 = _mm512_add_ps(lane[0][t], lane[4][t]), a1 = _mm512_add_ps(lane[1][t], lane[5][t]);
             const __m512 a2 = _mm512_add_ps(lane[2][t], lane[6][t]), a3 = _mm512_add_ps(lane[3][t], lane[7][t]);
@@ -327,72 +416,7 @@ void tile_q8_0(const GemmGroup& g, int64_t t0) {
         q8_0_isum<NT>(g, x, corr, b, isum);
         for (int t = 0; t < NT; ++t) sum[t] = _mm512_add_ps(sum[t], q8_0_term<NT>(g, x[t], b, isum[t]));
     }
-    store_tile<NT>(g, t0, sum);
-}
-
-// Q2_K / Q4_K: the min term sum_j bsums[j] * min(j) as 8 vpdpwssd over int16 pairs, and the
-// block value (yd*d)*(float)isum - (yd*dmin)*(float)summs added to sumf.
-template <int NT>
-inline void k_block_finish(const uint8_t* mins, const uint8_t* dvec, const uint8_t* const* xb, const __m512i* isum,
-                           __m512* sumf) {
-    __m512i summs[NT];
-    for (int t = 0; t < NT; ++t) summs[t] = _mm512_setzero_si512();
-    for (int p = 0; p < 8; ++p) {
-        const __m512i m = vld(mins + p * kVec);
-        for (int t = 0; t < NT; ++t) summs[t] = _mm512_dpwssd_epi32(summs[t], m, bcast32(xb[t] + 260 + 4 * p));
-    }
-    const __m512 d = _mm512_load_ps(dvec), dm = _mm512_load_ps(dvec + kVec);
-    for (int t = 0; t < NT; ++t) {
-        const __m512 yd = _mm512_set1_ps(load_f32(xb[t]));
-        const __m512 dall = _mm512_mul_ps(yd, d), dmin = _mm512_mul_ps(yd, dm);
-        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(dall, _mm512_cvtepi32_ps(isum[t])),
-                                       _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summs[t])));
-        sumf[t] = _mm512_add_ps(sumf[t], v);
-    }
-}
-
-template <int NT>
-void tile_q2_k(const GemmGroup& g, int64_t t0) {
-    __m512 sumf[NT];
-    for (int t = 0; t < NT; ++t) sumf[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < g.n / QK; ++b) {
-        const uint8_t* pb = g.panel + b * kQ2KBlk;
-        const uint8_t* xb[NT];
-        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
-        __m512i isum[NT];
-        for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
-        for (int s = 0; s < 64; ++s) {
-            const __m512i w = vld(pb + s * kVec);
-            for (int t = 0; t < NT; ++t) isum[t] = _mm512_dpbusd_epi32(isum[t], w, bcast32(xb[t] + 4 + 4 * s));
-        }
-        k_block_finish<NT>(pb + kCodes256, pb + kCodes256 + 8 * kVec, xb, isum, sumf);
-    }
-    store_tile<NT>(g, t0, sumf);
-}
-
-template <int NT>
-void tile_q4_k(const GemmGroup& g, int64_t t0) {
-    __m512 sumf[NT];
-    for (int t = 0; t < NT; ++t) sumf[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < g.n / QK; ++b) {
-        const uint8_t* pb = g.panel + b * kQ4KBlk;
-        const uint8_t* xb[NT];
-        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
-        __m512i isum[NT];
-        for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
-        for (int sub = 0; sub < 8; ++sub) {
-            __m512i part[NT];
-            for (int t = 0; t < NT; ++t) part[t] = _mm512_setzero_si512();
-            for (int s = 8 * sub; s < 8 * sub + 8; ++s) {
-                const __m512i w = vld(pb + s * kVec);
-                for (int t = 0; t < NT; ++t) part[t] = _mm512_dpbusd_epi32(part[t], w, bcast32(xb[t] + 4 + 4 * s));
-            }
-            const __m512i sc = vld(pb + kCodes256 + sub * kVec);
-            for (int t = 0; t < NT; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(part[t], sc));
-        }
-        k_block_finish<NT>(pb + kCodes256 + 8 * kVec, pb + kCodes256 + 16 * kVec, xb, isum, sumf);
-    }
-    store_tile<NT>(g, t0, sumf);
+    store_tile<VnniVec, NT>(g, t0, sum);
 }
 
 template <int NT>
@@ -427,35 +451,18 @@ void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
         }
     }
     for (int t = 0; t < NT; ++t) sumf[t] = _mm512_mul_ps(_mm512_set1_ps(0.125f), sumf[t]);
-    store_tile<NT>(g, t0, sumf);
+    store_tile<VnniVec, NT>(g, t0, sumf);
 }
 
-// ---- group drivers: decode once, then every token tile -------------------------------------------
-
-template <void (*Decode)(const GemmGroup&), template <int> class Tile>
-void run_group(const GemmGroup& g) {
-    Decode(g);
-    int64_t t0 = 0;
-    for (; t0 + kTile <= g.ntok; t0 += kTile) Tile<kTile>::run(g, t0);
-    switch (g.ntok - t0) {
-        case 1: Tile<1>::run(g, t0); break;
-        case 2: Tile<2>::run(g, t0); break;
-        case 3: Tile<3>::run(g, t0); break;
-        case 4: Tile<4>::run(g, t0); break;
-        case 5: Tile<5>::run(g, t0); break;
-        case 6: Tile<6>::run(g, t0); break;
-        case 7: Tile<7>::run(g, t0); break;
-        default: break;
-    }
-}
+// ---- group drivers: decode once, then every token tile (gemm_tiles.inc) ------------------------
 
 template <int NT> struct TileQ8_0 { static void run(const GemmGroup& g, int64_t t0) { tile_q8_0<NT>(g, t0); } };
-template <int NT> struct TileQ2K { static void run(const GemmGroup& g, int64_t t0) { tile_q2_k<NT>(g, t0); } };
-template <int NT> struct TileQ4K { static void run(const GemmGroup& g, int64_t t0) { tile_q4_k<NT>(g, t0); } };
 template <int NT> struct TileIq2 { static void run(const GemmGroup& g, int64_t t0) { tile_iq2_xxs<NT>(g, t0); } };
 
-const GemmKernels kVnni{16, run_group<decode_q8_0, TileQ8_0>, run_group<decode_q2_k, TileQ2K>,
-                        run_group<decode_q4_k, TileQ4K>, run_group<decode_iq2_xxs, TileIq2>, panel_bytes};
+const GemmKernels kVnni{16, run_group<VnniVec, decode_q8_0, TileQ8_0>,
+                        run_group<VnniVec, decode_q2_k, TileQ2K<VnniVec>::T>,
+                        run_group<VnniVec, decode_q4_k, TileQ4K<VnniVec>::T>, run_group<VnniVec, decode_iq2_xxs, TileIq2>,
+                        panel_bytes};
 
 }  // namespace
 
