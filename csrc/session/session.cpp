@@ -1,6 +1,7 @@
 #include "session/session.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "common/errors.h"
@@ -17,6 +18,22 @@ constexpr int64_t kMaxDraftSteps = 16;       // MTP draft chain length (upstream
 // t holds at least rows rows of width floats (grown only).
 void ensure_rows(backend::OwnedTensor& t, backend::Backend& be, int64_t width, int64_t rows) {
     if (!t || t->rows() < rows) t = backend::OwnedTensor(be, backend::DType::F32, width, rows);
+}
+
+// Top-1 minus top-2 logit, upstream's single pass (NaN never ranks; a maximum reached twice gives
+// 0; with every logit -inf the result is NaN, which fails any margin test).
+float logit_margin(const float* a, int64_t n) {
+    float v0 = -std::numeric_limits<float>::infinity(), v1 = v0;
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = a[i];
+        if (v > v0) {
+            v1 = v0;
+            v0 = v;
+        } else if (v > v1) {
+            v1 = v;
+        }
+    }
+    return v0 - v1;
 }
 }  // namespace
 
@@ -68,6 +85,8 @@ const float* Session::mtp_logits() {
     mtp_step0();
     return backend::host_floats(*stream_, *mtp_logits_, mtp_mirror_);
 }
+
+int32_t Session::mtp_top() { return argmax_logits(mtp_logits(), model_->shape().n_vocab); }
 
 void Session::discard_pending() {
     if (pending_ == 0) return;
@@ -193,13 +212,17 @@ const float* Session::mtp_draft_step(int32_t token) {
     return backend::host_floats(*stream_, *chain_logits_, chain_mirror_);
 }
 
-std::vector<int32_t> Session::mtp_drafts(int32_t first, int64_t n, int32_t stop_token) {
+std::vector<int32_t> Session::mtp_drafts(int32_t first, int64_t n, int32_t stop_token, float min_margin) {
     discard_pending();
     discard_chain();
     std::vector<int32_t> out;
     int32_t tok = first;
+    const int64_t V = model_->shape().n_vocab;
     for (int64_t i = 0; i < std::min(n, kMaxDraftSteps); ++i) {
-        const int32_t d = argmax_logits(mtp_draft_step(tok), model_->shape().n_vocab);
+        const float* logits = mtp_draft_step(tok);
+        // "not >=" so that a NaN margin stops the chain too
+        if (!(logit_margin(logits, V) >= min_margin)) break;
+        const int32_t d = argmax_logits(logits, V);
         out.push_back(d);
         if (d == stop_token) break;
         tok = d;

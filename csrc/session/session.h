@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -88,8 +89,14 @@ public:
     // mtp_draft_step(token) runs the next step and returns its draft logits; the first call after
     // a commit starts from the last committed token's hidden state with token = first.
     const float* mtp_draft_step(int32_t token);
-    // n greedy drafts (argmax of each step), stopping after a draft equal to stop_token (>= 0).
-    std::vector<int32_t> mtp_drafts(int32_t first, int64_t n, int32_t stop_token = -1);
+    // n greedy drafts (argmax of each step), stopping after a draft equal to stop_token (>= 0)
+    // and before the first draft whose logit margin (top-1 minus top-2 of its step's logits) is
+    // below min_margin: upstream's --mtp-margin confidence gate (docs/speculative.md, "Policy").
+    std::vector<int32_t> mtp_drafts(int32_t first, int64_t n, int32_t stop_token = -1,
+                                    float min_margin = -std::numeric_limits<float>::infinity());
+    // Step 0's greedy draft: the MTP block's guess of the token about to be committed (upstream
+    // checks it against the target's choice before drafting further).
+    int32_t mtp_top();
 
 private:
     void check_tokens(const int32_t* t, int64_t n) const;

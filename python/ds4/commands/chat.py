@@ -159,7 +159,7 @@ class ChatRepl:
             for ev in generate(self.engine, tokens=self.transcript, session=self.session,
                                max_tokens=a.max_tokens, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
                                min_p=a.min_p, seed=a.seed, progress=self.bar, kv_cache=self.kv,
-                               speculative=speculative_from_args(a)):
+                               speculative=speculative_from_args(a), mtp_margin=a.mtp_margin):
                 if isinstance(ev, FinishEvent):
                     fin = ev
                 else:

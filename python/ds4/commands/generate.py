@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from ..errors import ContextOverflowError, Ds4IOError, InvalidArgumentError
+from ..speculative import DEFAULT_MARGIN
 from ..kvcache_cli import add_arguments as add_kv_cache_arguments
 from ..steering import add_arguments as add_steering_arguments
 
@@ -57,6 +58,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding with the MTP block: from FILE, or (no FILE) the one the model embeds")
     p.add_argument("--mtp-draft", type=int, default=3, metavar="N",
                    help="with --mtp: tokens drafted per step, verified in one batched pass (default 3, at most 16)")
+    p.add_argument("--mtp-margin", type=float, default=DEFAULT_MARGIN, metavar="F",
+                   help="with --mtp: draft only while the MTP's top-1 minus top-2 logit is at least F "
+                        f"(default {DEFAULT_MARGIN:g}; 0: no margin test)")
 
 
 def register(subparsers: Any) -> None:
@@ -327,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, stop=args.stop,
                            seed=args.seed, think=think_from_args(args), system=args.system or None,
                            raw=args.raw, ctx=args.ctx, session=session, progress=bar, kv_cache=cache,
-                           speculative=speculative_from_args(args)):
+                           speculative=speculative_from_args(args), mtp_margin=args.mtp_margin):
             if isinstance(ev, FinishEvent):
                 fin = ev
             else:
