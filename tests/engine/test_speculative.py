@@ -499,3 +499,15 @@ def test_server_mtp_draft(engine, gate_open) -> None:
     plain, spec = answers
     assert spec["choices"][0]["message"] == plain["choices"][0]["message"]
     assert spec["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"] == 10
+
+
+def test_serve_mtp_flags_are_checked(capsys) -> None:
+    # ds4 serve --mtp-draft / --mtp-margin: out-of-range values and a model without an MTP block
+    # are refused before anything listens.
+    from ds4.cli import main
+
+    tiny = str(ds4.testing.default_model_path())
+    for argv, words in ((["--mtp-draft", "17"], "--mtp-draft"), (["--mtp-draft", "2", "--mtp-margin", "-1"], "margin"),
+                        (["--mtp-draft", "2"], "embeds no MTP block")):
+        assert main(["serve", "-m", tiny, "--port", "0", "-t", "1", *argv]) != 0
+        assert words in capsys.readouterr().err
