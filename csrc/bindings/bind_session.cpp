@@ -190,6 +190,14 @@ void init_session(py::module_& m) {
                  p.s->eval(t);
              },
              py::arg("token"))
+        .def("eval_with_mtp",
+             [](PySession& p, const py::object& token) {
+                 const int32_t t = to_token(token, 0, false);
+                 Use u(p, "eval_with_mtp", Use::Mutating);
+                 py::gil_scoped_release nogil;
+                 p.s->eval_with_mtp(t);
+             },
+             py::arg("token"))
         .def("sync",
              [](PySession& p, const py::object& tokens, const py::object& progress) {
                  std::vector<int32_t> toks = to_tokens(tokens);

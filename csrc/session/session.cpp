@@ -322,6 +322,34 @@ void Session::eval(int32_t token) {
     extend(&token, 1, nullptr, false, false);
 }
 
+void Session::eval_with_mtp(int32_t token) {
+    if (!model_->weights().mtp.present) fail(ErrorKind::Unsupported, "this engine has no MTP block loaded");
+    check_tokens(&token, 1);
+    if (pos() + 1 >= ctx()) {
+        fail(ErrorKind::ContextOverflow, "context is full: " + std::to_string(pos()) + " tokens in a ctx of " +
+                                             std::to_string(ctx()) + " (one slot stays free)");
+    }
+    discard_pending();
+    discard_chain();
+    materialize();
+    const Shape& s = model_->shape();
+    ensure_rows(head_rows_, model_->backend(), s.n_vocab, 2);
+    const LayerHooks hooks{steering_.get(), &tap_};
+    try {
+        forward_decode_mtp(context(), {*model_, *stream_, mtp_act_}, kv_, mtp_kv_, token, pos(), *logits_, *last_hc_,
+                           *mtp_logits_, *mtp_hc_, head_rows_->rows(0, 2), &hooks);
+    } catch (...) {
+        stale_ = true;   // as extend(): rebuild from the checkpoint on next use (that resets the MTP too)
+        has_logits_ = false;
+        mtp_pos_ = -1;
+        throw;
+    }
+    tokens_.push_back(token);
+    has_logits_ = true;
+    hidden_valid_ = true;
+    mtp_pos_ = pos();
+}
+
 int64_t Session::common_prefix(const std::vector<int32_t>& prompt) const {
     const size_t n = std::min(prompt.size(), tokens_.size());
     size_t i = 0;

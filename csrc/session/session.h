@@ -37,6 +37,10 @@ public:
 
     // Appends one token at pos() (ContextOverflow if pos()+1 >= ctx; the session is unchanged).
     void eval(int32_t token);
+    // eval(token), then MTP step 0 at the new position (what mtp_logits() would compute next) in
+    // the same pass, the two output heads sharing one read of the head's weights
+    // (forward_decode_mtp). Leaves exactly the state eval() then mtp_logits() leaves.
+    void eval_with_mtp(int32_t token);
     // Brings the live state to exactly `prompt` (0 < len < ctx): reuses the checkpoint when it is
     // a prefix, else rebuilds with a chunked layer-major prefill.
     void sync(const std::vector<int32_t>& prompt, const ChunkCallback& cb = nullptr);
@@ -127,6 +131,7 @@ private:
     // Pending verification: its rollback record, per-position logits and HC states (raw_cap rows).
     KvRollback verify_log_;
     backend::OwnedTensor verify_logits_, verify_hc_;
+    backend::OwnedTensor head_rows_;   // eval_with_mtp's two head rows (target, MTP step 0)
     std::vector<float> verify_mirror_;
     std::vector<int32_t> verify_tokens_;
     int64_t pending_ = 0;

@@ -150,6 +150,19 @@ class Session:
         """Append one token and refresh the logits (ContextOverflowError when ctx is full)."""
         self._s.eval(check_int(token, "token"))
 
+    def eval_with_mtp(self, token: int) -> None:
+        """:meth:`eval`, plus the MTP's guess of the token after it (step 0, what :meth:`mtp_logits`
+        computes next) in the same pass: the two output heads share one read of the head's
+        weights, so the guess costs the MTP layer rather than a second pass over the head.
+        The state is byte for byte that of eval() then mtp_logits()."""
+        if not self.engine.has_mtp:
+            raise UnsupportedModelError("this engine has no MTP block loaded (pass mtp_path=...)")
+        fused = getattr(self._s, "eval_with_mtp", None)   # a pipeline's timeline has no fused step
+        if fused is None:
+            self.eval(token)
+            return
+        fused(check_int(token, "token"))
+
     def rewind(self, pos: int) -> None:
         """Truncate the timeline to its first ``pos`` tokens (the state is rebuilt on next use)."""
         self._s.rewind(check_int(pos, "rewind position"))

@@ -191,7 +191,9 @@ class Speculator:
     * The MTP block (``draft=None``) is gated as upstream: its step-0 guess of the token being
       committed must equal ``first`` (one MTP step, which the chain reuses), and the chain ends
       before the first draft whose top-1 minus top-2 logit is below ``margin`` (default 3; 0
-      turns this part off). A gated cycle is a plain decode plus the MTP steps it took.
+      turns this part off). A gated cycle is a plain decode plus the MTP steps it took; when it
+      is followed by one that checks again, the next step 0 runs inside that plain decode
+      (:meth:`Session.eval_with_mtp`), costing the MTP layer but not a second pass over the head.
     * An injected ``draft`` source has no confidence to read, so it is probed for free: until one
       of its drafts has been accepted (from the start, and again after every failure) it is asked
       for a one-token guess of the next ``first`` while the current one is decoded plainly, and
@@ -264,12 +266,17 @@ class Speculator:
         return self._plain(session, first)
 
     def _plain(self, session: "Session", first: int) -> Cycle:
-        # An injected source whose next cycle may speculate guesses that cycle's first token now
-        # (before the eval, where greedy_cycle asks it too).
+        # When the next cycle may speculate, its check is prepared here: an injected source
+        # guesses that cycle's first token now (before the eval, where greedy_cycle asks it too);
+        # the MTP's step 0 runs inside this eval, sharing the output head's pass.
         guess = None
-        if self.draft is not None and self._probing and self._wait == 0 and self.n > 0:
+        ahead = self._wait == 0 and self.n > 0
+        if self.draft is not None and self._probing and ahead:
             guess = list(self.draft(session, first, 1))[:1]
-        session.eval(first)
+        if self.draft is None and ahead:
+            session.eval_with_mtp(first)
+        else:
+            session.eval(first)
         if guess:
             self._guess = (session.pos, int(guess[0]))
         return Cycle((int(first),), 0, 0)

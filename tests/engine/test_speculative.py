@@ -266,8 +266,8 @@ def test_speculator_backoff_schedule(engine) -> None:
     assert spec.gated == 0   # the gate counts MTP cycles only
 
 
-def _mtp_session(engine, prompt):
-    s = engine.session(ctx=128)
+def _mtp_session(engine, prompt, ctx=128):
+    s = engine.session(ctx=ctx)
     s.sync(prompt)
     return s
 
@@ -511,3 +511,27 @@ def test_serve_mtp_flags_are_checked(capsys) -> None:
                         (["--mtp-draft", "2"], "embeds no MTP block")):
         assert main(["serve", "-m", tiny, "--port", "0", "-t", "1", *argv]) != 0
         assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("start", [5, 13, 127, 130])
+def test_eval_with_mtp_equals_eval_then_step0(engine, start) -> None:
+    # The fused decode + MTP step 0 (one two-row head product) leaves byte for byte what eval()
+    # then mtp_logits() leave: the payload, logits, hidden state, step-0 logits, and the drafts
+    # that chain from them (the MTP window and the HC the chain starts from).
+    prompt = _prompt(40 + start, start)
+    a, b = _mtp_session(engine, prompt, 256), _mtp_session(engine, prompt, 256)
+    tok = a.argmax()
+    a.eval_with_mtp(tok)
+    b.eval(tok)
+    step0 = b.mtp_logits()
+    _same_state(a, b)
+    assert np.array_equal(a.mtp_logits(), step0)
+    nxt = a.argmax()
+    assert a.mtp_drafts(nxt, 4) == b.mtp_drafts(nxt, 4)
+    # and the state after more decoding agrees too (the MTP window's rows)
+    for _ in range(3):
+        t = a.argmax()
+        a.eval_with_mtp(t)
+        b.eval(t)
+        assert np.array_equal(a.mtp_logits(), b.mtp_logits())
+    _same_state(a, b)
