@@ -189,7 +189,8 @@ class Speculator:
       cycle that spent drafting work and committed nothing extra; the last entry repeats), default
       0, 4, 16, 64. A waiting cycle does no draft work at all.
     * The MTP block (``draft=None``) is gated as upstream: its step-0 guess of the token being
-      committed must equal ``first`` (one MTP step, which the chain reuses), and the chain ends
+      committed must equal ``first`` (one MTP step, which the chain reuses; the first cycle is a
+      plain decode that runs that step for the second one), and the chain ends
       before the first draft whose top-1 minus top-2 logit is below ``margin`` (default 3; 0
       turns this part off). A gated cycle is a plain decode plus the MTP steps it took; when it
       is followed by one that checks again, the next step 0 runs inside that plain decode
@@ -212,6 +213,7 @@ class Speculator:
         self.drafted = self.accepted = self.gated = 0
         self._fails = self._wait = 0
         self._probing = True               # injected source: guess before verifying
+        self._opened = False               # MTP: the first cycle was the plain one that feeds the gate
         self._guess: tuple[int, int] | None = None   # (session.pos, token) it guessed for that position
 
     def cycle(self, session: "Session", first: int, params: SamplingParams | None = None,
@@ -224,6 +226,11 @@ class Speculator:
             self._wait = max(0, self._wait - 1)
             return self._plain(session, first)
         mtp = self.draft is None or sampled   # sampled drafts come from the MTP logits
+        if mtp and not self._opened:
+            # The first cycle decodes plainly with step 0 inside (eval_with_mtp), so the first
+            # check does not pay a pass over the output head of its own.
+            self._opened = True
+            return self._plain(session, first)
         if mtp:
             if not self._mtp_agrees(session, first):
                 self.gated += 1

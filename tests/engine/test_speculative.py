@@ -275,9 +275,12 @@ def _mtp_session(engine, prompt, ctx=128):
 def test_mtp_gate_agreement_and_margin(engine) -> None:
     # Upstream's gate on the real MTP block: no drafting unless step 0's guess equals the token
     # being committed, nor unless the first draft's top-1 minus top-2 logit reaches the margin.
-    # Both directions are checked, so a gate that always or never drafts fails here.
+    # Both directions are checked, so a gate that always or never drafts fails here. The first
+    # cycle of a Speculator is a plain decode (it runs step 0 for the second cycle's check).
     prompt = _prompt(31, 20)
     probe = _mtp_session(engine, prompt)
+    t0 = probe.argmax()
+    probe.eval(t0)
     guess = probe.mtp_draft()
     assert guess == argmax(probe.mtp_logits())
     m1 = logit_margin(probe.mtp_draft_step(guess))
@@ -288,9 +291,11 @@ def test_mtp_gate_agreement_and_margin(engine) -> None:
     def run(first, margin):
         s = _mtp_session(engine, prompt)
         spec = Speculator(3, margin=margin)
+        opening = spec.cycle(s, t0)
+        assert (opening.committed, opening.drafted, spec.gated) == ((t0,), 0, 0)
         cyc = spec.cycle(s, first)
         plain = _mtp_session(engine, prompt)
-        for t in cyc.committed:
+        for t in opening.committed + cyc.committed:
             plain.eval(t)
         _same_state(s, plain)
         return cyc, spec
@@ -432,7 +437,7 @@ def test_generate_speculative(engine, gate_open) -> None:
     # sampled: a valid stream of the requested length with drafts counted
     fin = engine.generate("hello there", max_tokens=12, temperature=1.0, seed=4, think=False, stream=False,
                           speculative=2, mtp_margin=0)
-    assert len(fin.tokens) == 12 and fin.usage.drafted_tokens > 0
+    assert (len(fin.tokens) == 12 or fin.finish_reason == "eos") and fin.usage.drafted_tokens > 0
     with pytest.raises(InvalidArgumentError):
         engine.generate("x", max_tokens=2, speculative=-1, stream=False)
     with pytest.raises(InvalidArgumentError):
