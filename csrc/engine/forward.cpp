@@ -402,6 +402,11 @@ void forward_decode_mtp(const ForwardContext& fc, const ForwardContext& mtp_fc, 
     mtp_block(mtp_fc, mtp_kv, last, token, pos);
     const Tensor draft = mtp_fc.act.hc->row(0);
     st.copy({draft, mtp_hc});
+    if (!fc.model.backend().batched_rows_exact()) {   // two one-row products: decode's bits
+        head_logits(fc, W.head, last, logits);
+        head_logits(mtp_fc, W.mtp.head, draft, mtp_logits);
+        return;
+    }
     const Tensor ys = rows_of(fc.act.head_in, 2);
     const OutputHeadWeights& head = W.head;
     const OutputHeadWeights& mhead = W.mtp.head;
