@@ -540,3 +540,22 @@ def test_eval_with_mtp_equals_eval_then_step0(engine, start) -> None:
         b.eval(t)
         assert np.array_equal(a.mtp_logits(), b.mtp_logits())
     _same_state(a, b)
+
+
+def test_eval_with_mtp_bad_input(engine) -> None:
+    # the same refusals as eval(), and none of them changes the session
+    from ds4.errors import UnsupportedModelError
+
+    s = _mtp_session(engine, _prompt(50, 14), ctx=16)
+    before = s.save_payload()
+    for bad, err in ((-1, InvalidArgumentError), (10**6, InvalidArgumentError), (2**63, InvalidArgumentError)):
+        with pytest.raises(err):
+            s.eval_with_mtp(bad)
+    assert s.save_payload() == before
+    s.eval_with_mtp(3)
+    with pytest.raises(ContextOverflowError):   # 15 of 16: one slot stays free
+        s.eval_with_mtp(4)
+    plain = ds4.Engine(ds4.testing.default_model_path(), threads=1).session(ctx=32)
+    plain.sync([1, 2, 3])
+    with pytest.raises(UnsupportedModelError):
+        plain.eval_with_mtp(4)
