@@ -190,6 +190,14 @@ void init_session(py::module_& m) {
                  p.s->eval(t);
              },
              py::arg("token"))
+        .def("eval_with_mtp",
+             [](PySession& p, const py::object& token) {
+                 const int32_t t = to_token(token, 0, false);
+                 Use u(p, "eval_with_mtp", Use::Mutating);
+                 py::gil_scoped_release nogil;
+                 p.s->eval_with_mtp(t);
+             },
+             py::arg("token"))
         .def("sync",
              [](PySession& p, const py::object& tokens, const py::object& progress) {
                  std::vector<int32_t> toks = to_tokens(tokens);
@@ -328,15 +336,22 @@ void init_session(py::module_& m) {
              },
              py::arg("first"), py::arg("drafts"))
         .def("mtp_drafts",
-             [](PySession& p, const py::handle& first_obj, const py::handle& n_obj, long long stop) {
+             [](PySession& p, const py::handle& first_obj, const py::handle& n_obj, long long stop, float min_margin) {
                  const int32_t first = to_token(first_obj, 0, false);
                  const int64_t n = to_index(n_obj, "n");
                  const int32_t st = (stop < INT32_MIN || stop > INT32_MAX) ? -1 : (int32_t)stop;
                  Use u(p, "mtp_drafts", Use::Mutating);
                  py::gil_scoped_release nogil;
-                 return p.s->mtp_drafts(first, n, st);
+                 return p.s->mtp_drafts(first, n, st, min_margin);
              },
-             py::arg("first"), py::arg("n"), py::arg("stop") = -1)
+             py::arg("first"), py::arg("n"), py::arg("stop") = -1,
+             py::arg("min_margin") = -std::numeric_limits<float>::infinity())
+        .def("mtp_top",
+             [](PySession& p) {
+                 Use u(p, "mtp_top", Use::Mutating);
+                 py::gil_scoped_release nogil;
+                 return p.s->mtp_top();
+             })
         .def("mtp_draft_step",
              [](PySession& p, const py::handle& token_obj) {
                  const int32_t token = to_token(token_obj, 0, false);

@@ -337,15 +337,14 @@ Shape mtp_state_shape(const Shape& s) {
     return m;
 }
 
-void mtp_forward(const ForwardContext& fc, KvState& mtp_kv, const Tensor& hprev, int32_t token, int64_t pos,
-                 const Tensor& logits, const Tensor& hc_out) {
+namespace {
+
+// The MTP block up to its output head, inside the caller's command batch: leaves the block's HC
+// output in fc.act.hc row 0.
+void mtp_block(const ForwardContext& fc, KvState& mtp_kv, const Tensor& hprev, int32_t token, int64_t pos) {
     const Shape& s = fc.model.shape();
     const ModelWeights& W = fc.model.weights();
     const MtpWeights& M = W.mtp;
-    if (!M.present) fail(ErrorKind::Unsupported, "this model has no MTP block loaded");
-    check_token(s, token);
-    prepare(fc, mtp_kv, 1);
-    CommandBatch batch(fc.stream);
     backend::Stream& st = fc.stream;
     Activations& A = fc.act;
     const int64_t E = s.n_embd;
@@ -361,8 +360,61 @@ void mtp_forward(const ForwardContext& fc, KvState& mtp_kv, const Tensor& hprev,
     // The draft block is not steered: steering directions are per main-model layer.
     attention_layer(fc, M.block, mtp_kv, 0, 1, pos);
     ffn_layer(fc, M.block.ffn, &token, 1);
-    if (hc_out) st.copy({A.hc->row(0), hc_out});
-    head_logits(fc, M.head, A.hc->row(0), logits);
+}
+
+void check_mtp(const ForwardContext& fc, int32_t token) {
+    if (!fc.model.weights().mtp.present) fail(ErrorKind::Unsupported, "this model has no MTP block loaded");
+    check_token(fc.model.shape(), token);
+}
+
+}  // namespace
+
+void mtp_forward(const ForwardContext& fc, KvState& mtp_kv, const Tensor& hprev, int32_t token, int64_t pos,
+                 const Tensor& logits, const Tensor& hc_out) {
+    check_mtp(fc, token);
+    prepare(fc, mtp_kv, 1);
+    CommandBatch batch(fc.stream);
+    mtp_block(fc, mtp_kv, hprev, token, pos);
+    const Tensor out = fc.act.hc->row(0);
+    if (hc_out) fc.stream.copy({out, hc_out});
+    head_logits(fc, fc.model.weights().mtp.head, out, logits);
+}
+
+void forward_decode_mtp(const ForwardContext& fc, const ForwardContext& mtp_fc, KvState& kv, KvState& mtp_kv,
+                        int32_t token, int64_t pos, const Tensor& logits, const Tensor& final_hc,
+                        const Tensor& mtp_logits, const Tensor& mtp_hc, const Tensor& head_rows,
+                        const LayerHooks* hooks) {
+    if (!fc.model.first_stage() || !fc.model.last_stage()) {
+        fail(ErrorKind::Unsupported, "the fused MTP step needs the whole model (not a pipeline stage)");
+    }
+    check_mtp(mtp_fc, token);
+    const Shape& s = fc.model.shape();
+    const ModelWeights& W = fc.model.weights();
+    prepare(fc, kv, 2);   // two head rows
+    prepare(mtp_fc, mtp_kv, 1);
+    CommandBatch batch(fc.stream);
+    backend::Stream& st = fc.stream;
+    run_layers(fc, kv, &token, 1, pos, nullptr, hooks, nullptr);
+    const Tensor last = fc.act.hc->row(0);
+    st.copy({last, final_hc});
+    mtp_block(mtp_fc, mtp_kv, last, token, pos);
+    const Tensor draft = mtp_fc.act.hc->row(0);
+    st.copy({draft, mtp_hc});
+    if (!fc.model.backend().batched_rows_exact()) {   // two one-row products: decode's bits
+        head_logits(fc, W.head, last, logits);
+        head_logits(mtp_fc, W.mtp.head, draft, mtp_logits);
+        return;
+    }
+    const Tensor ys = rows_of(fc.act.head_in, 2);
+    const OutputHeadWeights& head = W.head;
+    const OutputHeadWeights& mhead = W.mtp.head;
+    st.hc_collapse_norm({&head.hc_fn, &head.hc_scale, &head.hc_base, &head.norm, last, ys.row(0), s.n_hc, s.rms_eps,
+                         s.hc_eps});
+    st.hc_collapse_norm({&mhead.hc_fn, &mhead.hc_scale, &mhead.hc_base, &mhead.norm, draft, ys.row(1), s.n_hc,
+                         s.rms_eps, s.hc_eps});
+    st.linear({&W.output, ys, head_rows});
+    st.copy({head_rows.row(0), logits});
+    st.copy({head_rows.row(1), mtp_logits});
 }
 
 }  // namespace ds4

@@ -61,4 +61,16 @@ Shape mtp_state_shape(const Shape& s);
 void mtp_forward(const ForwardContext& fc, KvState& mtp_kv, const backend::Tensor& hprev, int32_t token, int64_t pos,
                  const backend::Tensor& logits, const backend::Tensor& hc_out = {});
 
+// Decode of one token (forward_batch with n = 1) followed by MTP step 0 from its final HC state
+// (mtp_forward with that state and the same token and position), the two output heads run as
+// one two-row product into head_rows (n_vocab x 2 scratch) so the head's weights are read once:
+// the MTP gate's guess then costs the MTP layer, not a second pass over the head
+// (docs/speculative.md, "Policy"). Only on backends whose batched rows equal one-row products
+// (Backend::batched_rows_exact; elsewhere two one-row products), so every output is bit for bit
+// what the two separate calls write. mtp_fc: the MTP's activations.
+void forward_decode_mtp(const ForwardContext& fc, const ForwardContext& mtp_fc, KvState& kv, KvState& mtp_kv,
+                        int32_t token, int64_t pos, const backend::Tensor& logits, const backend::Tensor& final_hc,
+                        const backend::Tensor& mtp_logits, const backend::Tensor& mtp_hc,
+                        const backend::Tensor& head_rows, const LayerHooks* hooks = nullptr);
+
 }  // namespace ds4

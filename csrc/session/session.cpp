@@ -1,6 +1,7 @@
 #include "session/session.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "common/errors.h"
@@ -17,6 +18,22 @@ constexpr int64_t kMaxDraftSteps = 16;       // MTP draft chain length (upstream
 // t holds at least rows rows of width floats (grown only).
 void ensure_rows(backend::OwnedTensor& t, backend::Backend& be, int64_t width, int64_t rows) {
     if (!t || t->rows() < rows) t = backend::OwnedTensor(be, backend::DType::F32, width, rows);
+}
+
+// Top-1 minus top-2 logit, upstream's single pass (NaN never ranks; a maximum reached twice gives
+// 0; with every logit -inf the result is NaN, which fails any margin test).
+float logit_margin(const float* a, int64_t n) {
+    float v0 = -std::numeric_limits<float>::infinity(), v1 = v0;
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = a[i];
+        if (v > v0) {
+            v1 = v0;
+            v0 = v;
+        } else if (v > v1) {
+            v1 = v;
+        }
+    }
+    return v0 - v1;
 }
 }  // namespace
 
@@ -68,6 +85,8 @@ const float* Session::mtp_logits() {
     mtp_step0();
     return backend::host_floats(*stream_, *mtp_logits_, mtp_mirror_);
 }
+
+int32_t Session::mtp_top() { return argmax_logits(mtp_logits(), model_->shape().n_vocab); }
 
 void Session::discard_pending() {
     if (pending_ == 0) return;
@@ -193,13 +212,17 @@ const float* Session::mtp_draft_step(int32_t token) {
     return backend::host_floats(*stream_, *chain_logits_, chain_mirror_);
 }
 
-std::vector<int32_t> Session::mtp_drafts(int32_t first, int64_t n, int32_t stop_token) {
+std::vector<int32_t> Session::mtp_drafts(int32_t first, int64_t n, int32_t stop_token, float min_margin) {
     discard_pending();
     discard_chain();
     std::vector<int32_t> out;
     int32_t tok = first;
+    const int64_t V = model_->shape().n_vocab;
     for (int64_t i = 0; i < std::min(n, kMaxDraftSteps); ++i) {
-        const int32_t d = argmax_logits(mtp_draft_step(tok), model_->shape().n_vocab);
+        const float* logits = mtp_draft_step(tok);
+        // "not >=" so that a NaN margin stops the chain too
+        if (!(logit_margin(logits, V) >= min_margin)) break;
+        const int32_t d = argmax_logits(logits, V);
         out.push_back(d);
         if (d == stop_token) break;
         tok = d;
@@ -297,6 +320,34 @@ void Session::eval(int32_t token) {
     discard_chain();
     materialize();
     extend(&token, 1, nullptr, false, false);
+}
+
+void Session::eval_with_mtp(int32_t token) {
+    if (!model_->weights().mtp.present) fail(ErrorKind::Unsupported, "this engine has no MTP block loaded");
+    check_tokens(&token, 1);
+    if (pos() + 1 >= ctx()) {
+        fail(ErrorKind::ContextOverflow, "context is full: " + std::to_string(pos()) + " tokens in a ctx of " +
+                                             std::to_string(ctx()) + " (one slot stays free)");
+    }
+    discard_pending();
+    discard_chain();
+    materialize();
+    const Shape& s = model_->shape();
+    ensure_rows(head_rows_, model_->backend(), s.n_vocab, 2);
+    const LayerHooks hooks{steering_.get(), &tap_};
+    try {
+        forward_decode_mtp(context(), {*model_, *stream_, mtp_act_}, kv_, mtp_kv_, token, pos(), *logits_, *last_hc_,
+                           *mtp_logits_, *mtp_hc_, head_rows_->rows(0, 2), &hooks);
+    } catch (...) {
+        stale_ = true;   // as extend(): rebuild from the checkpoint on next use (that resets the MTP too)
+        has_logits_ = false;
+        mtp_pos_ = -1;
+        throw;
+    }
+    tokens_.push_back(token);
+    has_logits_ = true;
+    hidden_valid_ = true;
+    mtp_pos_ = pos();
 }
 
 int64_t Session::common_prefix(const std::vector<int32_t>& prompt) const {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -36,6 +37,10 @@ public:
 
     // Appends one token at pos() (ContextOverflow if pos()+1 >= ctx; the session is unchanged).
     void eval(int32_t token);
+    // eval(token), then MTP step 0 at the new position (what mtp_logits() would compute next) in
+    // the same pass, the two output heads sharing one read of the head's weights
+    // (forward_decode_mtp). Leaves exactly the state eval() then mtp_logits() leaves.
+    void eval_with_mtp(int32_t token);
     // Brings the live state to exactly `prompt` (0 < len < ctx): reuses the checkpoint when it is
     // a prefix, else rebuilds with a chunked layer-major prefill.
     void sync(const std::vector<int32_t>& prompt, const ChunkCallback& cb = nullptr);
@@ -88,8 +93,14 @@ public:
     // mtp_draft_step(token) runs the next step and returns its draft logits; the first call after
     // a commit starts from the last committed token's hidden state with token = first.
     const float* mtp_draft_step(int32_t token);
-    // n greedy drafts (argmax of each step), stopping after a draft equal to stop_token (>= 0).
-    std::vector<int32_t> mtp_drafts(int32_t first, int64_t n, int32_t stop_token = -1);
+    // n greedy drafts (argmax of each step), stopping after a draft equal to stop_token (>= 0)
+    // and before the first draft whose logit margin (top-1 minus top-2 of its step's logits) is
+    // below min_margin: upstream's --mtp-margin confidence gate (docs/speculative.md, "Policy").
+    std::vector<int32_t> mtp_drafts(int32_t first, int64_t n, int32_t stop_token = -1,
+                                    float min_margin = -std::numeric_limits<float>::infinity());
+    // Step 0's greedy draft: the MTP block's guess of the token about to be committed (upstream
+    // checks it against the target's choice before drafting further).
+    int32_t mtp_top();
 
 private:
     void check_tokens(const int32_t* t, int64_t n) const;
@@ -120,6 +131,7 @@ private:
     // Pending verification: its rollback record, per-position logits and HC states (raw_cap rows).
     KvRollback verify_log_;
     backend::OwnedTensor verify_logits_, verify_hc_;
+    backend::OwnedTensor head_rows_;   // eval_with_mtp's two head rows (target, MTP step 0)
     std::vector<float> verify_mirror_;
     std::vector<int32_t> verify_tokens_;
     int64_t pending_ = 0;

@@ -80,7 +80,7 @@ from .sampling import (
     TokenLogprob,
     time_seed,
 )
-from .speculative import Speculator
+from .speculative import DEFAULT_MARGIN, Speculator, check_margin
 
 __all__ = [
     "DEFAULT_CTX",
@@ -296,6 +296,7 @@ def generate(
     stream: bool = True,
     kv_cache=None,
     speculative: int = 0,
+    mtp_margin: float = DEFAULT_MARGIN,
 ) -> Iterator[GenerationEvent] | FinishEvent:
     """Generate from ``engine``. Returns an iterator of events (``stream=True``) or the FinishEvent.
 
@@ -312,9 +313,13 @@ def generate(
     batched pass (docs/speculative.md); greedy output is unchanged token for token, sampled output
     keeps its distribution. ``usage.drafted_tokens`` / ``accepted_tokens`` count the drafts. It
     steps aside (plain decoding) while logprobs, tool-call rules or continued KV checkpoints are on.
+    ``mtp_margin``: draft only while the MTP block's top-1 minus top-2 logit is at least this
+    (upstream's ``--mtp-margin``, default 3; 0 turns the margin test off); with the back-off after
+    misses, drafts that keep failing cost almost nothing (docs/speculative.md, "Policy").
     """
     if speculative and int(speculative) < 0:
         raise InvalidArgumentError(f"speculative must be >= 0, got {speculative}")
+    mtp_margin = check_margin(mtp_margin)
     if speculative and not engine.has_mtp:
         raise UnsupportedModelError("speculative decoding drafts with the MTP block: this engine has none "
                                     "(load it with mtp_path=... or use a GGUF that embeds it)")
@@ -352,7 +357,7 @@ def generate(
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     it = _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops,
               seed, logprobs, progress, bool(tools) if dsml is None else dsml, kv_cache, plan, prepare_seconds,
-              int(speculative or 0))
+              int(speculative or 0), mtp_margin)
     if stream:
         return it
     final = None
@@ -364,7 +369,7 @@ def generate(
 
 def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, min_p, stops, seed,
          logprobs, progress, dsml, kv_cache=None, plan=None, prepare_seconds=0.0,
-         speculative=0) -> Iterator[GenerationEvent]:
+         speculative=0, mtp_margin=DEFAULT_MARGIN) -> Iterator[GenerationEvent]:
     # Per-token work here is O(1) in the length of the generation: ``raw`` grows in place (a plain
     # local that nothing else references), stop strings and tool blocks are matched on the new
     # text only, the position is counted locally and the logits array is never copied.
@@ -411,7 +416,7 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
     # are needed (logprobs, tool-call rules, continued checkpoints).
     spec = None
     if speculative > 0 and logprobs is None and tracker is None and continued is None and not picker.adjusts:
-        spec = Speculator(speculative)
+        spec = Speculator(speculative, margin=mtp_margin)
         params = SamplingParams(temperature, top_k, top_p, min_p)
     queued: list[int] = []
     resampled: int | None = None

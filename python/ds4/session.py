@@ -150,6 +150,19 @@ class Session:
         """Append one token and refresh the logits (ContextOverflowError when ctx is full)."""
         self._s.eval(check_int(token, "token"))
 
+    def eval_with_mtp(self, token: int) -> None:
+        """:meth:`eval`, plus the MTP's guess of the token after it (step 0, what :meth:`mtp_logits`
+        computes next) in the same pass: the two output heads share one read of the head's
+        weights, so the guess costs the MTP layer rather than a second pass over the head.
+        The state is byte for byte that of eval() then mtp_logits()."""
+        if not self.engine.has_mtp:
+            raise UnsupportedModelError("this engine has no MTP block loaded (pass mtp_path=...)")
+        fused = getattr(self._s, "eval_with_mtp", None)   # a pipeline's timeline has no fused step
+        if fused is None:
+            self.eval(token)
+            return
+        fused(check_int(token, "token"))
+
     def rewind(self, pos: int) -> None:
         """Truncate the timeline to its first ``pos`` tokens (the state is rebuilt on next use)."""
         self._s.rewind(check_int(pos, "rewind position"))
@@ -294,7 +307,8 @@ class Session:
 
     # ---- MTP ----------------------------------------------------------------------------------
     def mtp_logits(self) -> np.ndarray:
-        """MTP draft logits (float32 copy, vocab) for the token after the next one.
+        """MTP step-0 logits (float32 copy, vocab): the MTP block's guess of the next token, the one
+        the target's :attr:`logits` choose (upstream checks the two agree before drafting further).
 
         One MTP step (docs/model.md §3.12) from the last evaluated token and its final hidden state, run
         once per position on first request; the MTP block's own 128-token window gets a row per
@@ -305,8 +319,16 @@ class Session:
         return self._s.mtp_logits()
 
     def mtp_draft(self) -> int:
-        """The MTP block's greedy draft for the token after the next one."""
-        return int(np.argmax(self.mtp_logits()))
+        """The MTP block's greedy guess of the next token (the argmax of :meth:`mtp_logits`, lowest
+        id on ties; speculation compares it with the token it is about to commit,
+        docs/speculative.md)."""
+        top = getattr(self._s, "mtp_top", None)   # a pipeline's timeline has only mtp_logits
+        if top is None:
+            from .sampling import argmax
+            return argmax(self.mtp_logits())
+        if not self.engine.has_mtp:
+            raise UnsupportedModelError("this engine has no MTP block loaded (pass mtp_path=...)")
+        return int(top())
 
     # ---- speculative decoding (docs/speculative.md) ---------------------------------------------
     @property
@@ -348,12 +370,15 @@ class Session:
         self._need_speculative()
         return int(self._s.speculate_greedy(int(first), list(drafts)))
 
-    def mtp_drafts(self, first: int, n: int, stop: int | None = None) -> list[int]:
+    def mtp_drafts(self, first: int, n: int, stop: int | None = None, margin: float | None = None) -> list[int]:
         """Up to ``n`` greedy MTP drafts for the tokens after ``first`` (the token about to be
-        committed), stopping after ``stop`` if drafted (needs MTP weights)."""
+        committed), stopping after ``stop`` if drafted (needs MTP weights). With ``margin``, the
+        chain ends before the first draft whose step's top-1 minus top-2 logit is below it
+        (:func:`ds4.speculative.logit_margin`; upstream's ``--mtp-margin`` gate)."""
         if not self.engine.has_mtp:
             raise UnsupportedModelError("this engine has no MTP block loaded (pass mtp_path=...)")
-        return list(self._s.mtp_drafts(int(first), int(n), -1 if stop is None else int(stop)))
+        floor = float("-inf") if margin is None else float(margin)
+        return list(self._s.mtp_drafts(int(first), int(n), -1 if stop is None else int(stop), floor))
 
     def mtp_draft_step(self, token: int) -> np.ndarray:
         """One step of the MTP draft chain (float32 logits copy): the first call after a commit

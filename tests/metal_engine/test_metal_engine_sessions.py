@@ -152,3 +152,21 @@ def test_mtp_drafts(model_path):
     # Verification is one batched pass (mat-mat) where greedy decode ran mat-vecs: the rows agree
     # within float order only, so a near-tie could flip a token; these fixed draws have none.
     assert 1 <= committed <= 4 and len(got) == committed and got == greedy[:committed]
+
+
+def test_eval_with_mtp_keeps_decode_bits(model_path):
+    # Metal's mat-mat tiles do not reproduce its mat-vec bits, so the fused decode + MTP step 0
+    # runs two one-row head products there: the same bits as eval() then mtp_logits().
+    path = model_path("tiny", "q2", mtp=True)
+    metal = ds4.Engine(path, backend=METAL)
+    toks = _toks(20, 4)
+    a, b = metal.session(ctx=256), metal.session(ctx=256)
+    a.sync(toks)
+    b.sync(toks)
+    for _ in range(3):
+        t = a.argmax()
+        a.eval_with_mtp(t)
+        b.eval(t)
+        assert np.array_equal(np.array(a.mtp_logits()), np.array(b.mtp_logits()))
+        assert np.array_equal(np.array(a.logits), np.array(b.logits))
+    assert a.save_payload() == b.save_payload()

@@ -343,6 +343,7 @@ class CpuBackend final : public Backend {
 public:
     explicit CpuBackend(int threads) : pool_(threads) {}
     const char* name() const override { return "cpu"; }
+    bool batched_rows_exact() const override { return true; }   // matvec.cpp: rows of matmul = matvec
     std::unique_ptr<Buffer> alloc(uint64_t bytes) override { return std::make_unique<HostBuffer>(bytes); }
     std::unique_ptr<Buffer> map_model(const void* base, uint64_t size, uint64_t /*largest_tensor*/) override {
         return std::make_unique<MappedBuffer>(base, size);

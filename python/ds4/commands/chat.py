@@ -148,7 +148,7 @@ class ChatRepl:
     def turn(self, text: str):
         from ..chat import append_assistant_prefix, append_message
         from ..generation import FinishEvent, generate
-        from .generate import report_cache, report_speed, speculative_from_args
+        from .generate import margin_from_args, report_cache, report_speed, speculative_from_args
 
         before = len(self.transcript)
         append_message(self.tok, self.transcript, "user", text)
@@ -159,7 +159,7 @@ class ChatRepl:
             for ev in generate(self.engine, tokens=self.transcript, session=self.session,
                                max_tokens=a.max_tokens, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
                                min_p=a.min_p, seed=a.seed, progress=self.bar, kv_cache=self.kv,
-                               speculative=speculative_from_args(a)):
+                               speculative=speculative_from_args(a), mtp_margin=margin_from_args(a)):
                 if isinstance(ev, FinishEvent):
                     fin = ev
                 else:

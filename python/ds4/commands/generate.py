@@ -21,11 +21,12 @@ from types import SimpleNamespace
 from typing import Any, Sequence
 
 from ..errors import ContextOverflowError, Ds4IOError, InvalidArgumentError
+from ..speculative import DEFAULT_MARGIN
 from ..kvcache_cli import add_arguments as add_kv_cache_arguments
 from ..steering import add_arguments as add_steering_arguments
 
 __all__ = ["register", "run", "add_sampling_args", "add_steering_arguments", "open_engine", "open_kv_cache",
-           "speculative_from_args", "ReferenceEngine",
+           "speculative_from_args", "margin_from_args", "ReferenceEngine",
            "ProgressBar", "think_from_args", "StreamPrinter", "report_cache"]
 
 _DIM, _RESET = "\x1b[2m", "\x1b[0m"
@@ -57,6 +58,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding with the MTP block: from FILE, or (no FILE) the one the model embeds")
     p.add_argument("--mtp-draft", type=int, default=3, metavar="N",
                    help="with --mtp: tokens drafted per step, verified in one batched pass (default 3, at most 16)")
+    p.add_argument("--mtp-margin", type=float, default=DEFAULT_MARGIN, metavar="F",
+                   help="with --mtp: draft only while the MTP's top-1 minus top-2 logit is at least F "
+                        f"(default {DEFAULT_MARGIN:g}; 0: no margin test)")
 
 
 def register(subparsers: Any) -> None:
@@ -195,6 +199,11 @@ def open_engine(args: argparse.Namespace):
     return engine
 
 
+def margin_from_args(args: argparse.Namespace) -> float:
+    """--mtp-margin (the default where a caller's namespace has none)."""
+    return getattr(args, "mtp_margin", DEFAULT_MARGIN)
+
+
 def speculative_from_args(args: argparse.Namespace) -> int:
     """Draft tokens per step for generate(speculative=...): 0 without --mtp."""
     if getattr(args, "mtp", None) is None:
@@ -327,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, stop=args.stop,
                            seed=args.seed, think=think_from_args(args), system=args.system or None,
                            raw=args.raw, ctx=args.ctx, session=session, progress=bar, kv_cache=cache,
-                           speculative=speculative_from_args(args)):
+                           speculative=speculative_from_args(args), mtp_margin=margin_from_args(args)):
             if isinstance(ev, FinishEvent):
                 fin = ev
             else:

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from ..errors import Ds4IOError, InvalidArgumentError
+from ..speculative import DEFAULT_MARGIN, check_margin
 from ._argtypes import positive_int as _positive
 
 __all__ = ["register", "run"]
@@ -28,6 +29,12 @@ def register(subparsers: Any) -> None:
                                           "messages). One generation at a time; requests are queued.")
     p.add_argument("-m", "--model", default=None, help="GGUF model (default: the bundled tiny synthetic model)")
     p.add_argument("--mtp", default=None, metavar="FILE", help="MTP GGUF (separate file)")
+    p.add_argument("--mtp-draft", type=int, default=0, metavar="N",
+                   help="speculative decoding: MTP tokens drafted per step, 1..16 (default 0: off; needs MTP "
+                        "weights, from --mtp or embedded in the model)")
+    p.add_argument("--mtp-margin", type=float, default=DEFAULT_MARGIN, metavar="F",
+                   help="with --mtp-draft: draft only while the MTP's top-1 minus top-2 logit is at least F "
+                        f"(default {DEFAULT_MARGIN:g}; 0: no margin test)")
     p.add_argument("-c", "--ctx", type=_positive("--ctx"), default=32768, metavar="N",
                    help="session context (default 32768)")
     p.add_argument("-n", "--tokens", type=_positive("--tokens"), default=393216, metavar="N",
@@ -97,7 +104,12 @@ def run(args: argparse.Namespace) -> int:
     path = args.model if args.model is not None else default_model_path()
     if not os.path.exists(path):
         raise Ds4IOError(f"{path}: model file not found")
+    if not 0 <= args.mtp_draft <= 16:
+        raise InvalidArgumentError(f"--mtp-draft must be in 0..16, got {args.mtp_draft}")
+    check_margin(args.mtp_margin)
     engine = _open_engine(args, path)
+    if args.mtp_draft and not engine.has_mtp:
+        raise InvalidArgumentError(f"--mtp-draft: {path} embeds no MTP block; pass the MTP GGUF as --mtp FILE")
     kv = from_args(args)
     trace = None
     if args.trace:
@@ -108,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ServerConfig(host=args.host, port=args.port, ctx=args.ctx, default_tokens=args.tokens, cors=args.cors,
                        tool_memory_max_ids=args.tool_memory_max_ids,
                        exact_dsml_replay=not args.disable_exact_dsml_tool_replay, trace=trace,
-                       api_key=args.api_key or None)
+                       api_key=args.api_key or None, mtp_draft=args.mtp_draft, mtp_margin=args.mtp_margin)
     try:
         return serve(engine, cfg, kv)
     except OSError as e:

@@ -42,6 +42,7 @@ from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..speculative import DEFAULT_MARGIN, check_margin
 from . import shapes
 from .metrics import Metrics
 from .protocol import (
@@ -90,6 +91,7 @@ class ServerConfig:
     api_key: str | None = None  # required as Bearer token or x-api-key on every endpoint but /health
     max_body: int = MAX_BODY  # bytes; a larger request body is answered 413
     mtp_draft: int = 0  # speculative decoding: MTP drafts per step (0: off; docs/speculative.md)
+    mtp_margin: float = DEFAULT_MARGIN  # draft only while the MTP's top-1 minus top-2 logit is at least this (0: off)
 
 
 class Service:
@@ -107,6 +109,7 @@ class Service:
         self.worker = Worker(engine, config.ctx, config.default_tokens, kv_cache, ToolMemory(max_ids, fallback),
                              trace=config.trace, metrics=self.metrics)
         self.worker.mtp_draft = config.mtp_draft
+        self.worker.mtp_margin = check_margin(config.mtp_margin)
         self._started = self._stopped = False
 
     def start(self) -> None:

@@ -45,7 +45,7 @@ from ..dsml import DsmlTracker, ToolCall, parse_generated
 from ..errors import Ds4Error
 from ..decoding import StopMatcher, TokenPicker, ToolBlockWatch
 from ..sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Rng, SamplingParams
-from ..speculative import Speculator
+from ..speculative import DEFAULT_MARGIN, Speculator
 from . import shapes
 from .metrics import JobStats, Metrics
 from .protocol import Request
@@ -142,6 +142,7 @@ class Worker:
         self.live = LiveBindings()
         self.trace = trace  # a text stream for a human-readable per-request trace (--trace)
         self.mtp_draft = 0  # speculative decoding: MTP drafts per step (ServerConfig.mtp_draft)
+        self.mtp_margin = DEFAULT_MARGIN  # and its confidence gate (ServerConfig.mtp_margin)
         self.drafted = self.accepted = 0  # of the last request
 
     # ---- queue ------------------------------------------------------------------------------------
@@ -551,7 +552,7 @@ class Worker:
         spec = None
         if self.mtp_draft > 0 and self.engine.has_mtp and not tools_live and self.last_logprobs is None \
                 and not picker.adjusts:
-            spec = Speculator(self.mtp_draft)
+            spec = Speculator(self.mtp_draft, margin=self.mtp_margin)
         queued: list[int] = []
         resampled = None
 
