@@ -310,12 +310,16 @@ int32_t Session::argmax() {
     return best;
 }
 
-void Session::eval(int32_t token) {
+void Session::check_decode_step(int32_t token) const {
     check_tokens(&token, 1);
     if (pos() + 1 >= ctx()) {
         fail(ErrorKind::ContextOverflow, "context is full: " + std::to_string(pos()) + " tokens in a ctx of " +
                                              std::to_string(ctx()) + " (one slot stays free)");
     }
+}
+
+void Session::eval(int32_t token) {
+    check_decode_step(token);
     discard_pending();
     discard_chain();
     materialize();
@@ -324,11 +328,7 @@ void Session::eval(int32_t token) {
 
 void Session::eval_with_mtp(int32_t token) {
     if (!model_->weights().mtp.present) fail(ErrorKind::Unsupported, "this engine has no MTP block loaded");
-    check_tokens(&token, 1);
-    if (pos() + 1 >= ctx()) {
-        fail(ErrorKind::ContextOverflow, "context is full: " + std::to_string(pos()) + " tokens in a ctx of " +
-                                             std::to_string(ctx()) + " (one slot stays free)");
-    }
+    check_decode_step(token);
     discard_pending();
     discard_chain();
     materialize();

@@ -104,6 +104,7 @@ public:
 
 private:
     void check_tokens(const int32_t* t, int64_t n) const;
+    void check_decode_step(int32_t token) const;  // a valid token and a free slot for it
     void extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool rebuild, bool reset_frontier);
     void materialize();
     void reset_mtp();
