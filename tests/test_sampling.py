@@ -867,3 +867,21 @@ def test_exp_weights_are_the_scalar_bits():
     assert x.size % 8 != 0
     got, want = _core()._exp_weights(x).view(np.uint32), _scalar_exp_weights(x).view(np.uint32)
     assert np.array_equal(got, want), f"{np.count_nonzero(got != want)} weights differ, e.g. x={x[got != want][:3]}"
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "nonfinite", "denormal", "heavy"])
+@pytest.mark.parametrize("t, mp", [(1.0, 0.0), (0.7, 0.0), (100.0, 0.0), (100.0, 0.05), (1.0, 1e-45)])
+def test_whole_vocabulary_probabilities_from_exact_weights(kind, t, mp):
+    # probabilities() with every finite token kept (top_p 1; min_p 0, or every token surviving it)
+    # writes the exact weights into its output, sums them there and scales them in place: bit for
+    # bit the plain reference, in lengths that end inside a piece of 2048 logits and a block of 16.
+    # A sample() after it must still draw from its own buffers (the output is the caller's).
+    for n in (129_280, 4_099, 37):
+        seed = 77 + n
+        logits = _vocab_logits(seed, n, kind)
+        got = probabilities(logits, t, 0, 1.0, mp)
+        want = plain_probabilities(logits, t, 0, 1.0, mp)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (kind, n, t, mp)
+        a, b = Rng(seed), Rng(seed)
+        assert [sample(logits, t, 0, 1.0, mp, a) for _ in range(3)] == [plain_sample(logits, t, 0, 1.0, mp, b) for _ in range(3)]
+        assert a.state == b.state

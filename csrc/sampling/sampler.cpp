@@ -422,6 +422,30 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
     // or at a temperature other than 1 the arguments, divided once here (the division is the
     // slowest step of a pass, and the walk would repeat it).
     float total;
+    if (exact_into_) {
+        // probabilities(): every exact weight is needed anyway, and their sequential sum is the
+        // total (the binade sum of exact terms needs no exponential and no certificate).
+        if (t != 1.0f) {
+            x_.resize((size_t)n);
+            shifted_args(a, n, m, t, x_.data());
+            exp_weights(x_.data(), exact_into_, n);
+        } else {
+            constexpr int64_t kPiece = 2048;
+            alignas(64) float xb[kPiece];
+            for (int64_t i = 0; i < n; i += kPiece) {
+                const int64_t len = std::min(kPiece, n - i);
+                shifted_args(a + i, len, m, t, xb);
+                exp_weights(xb, exact_into_ + i, len);
+            }
+        }
+        total = binade_seq_sum(exact_into_, n);
+        if (!(total > 0.0f && std::isfinite(total))) return;
+        c_.draw = true;
+        c_.count = n;
+        c_.sum = total;
+        c_.w = exact_into_;
+        return;
+    }
     wall_.resize((size_t)n);   // approximate weights: the walk reads them instead of evaluating again
     if (t != 1.0f) {
         x_.resize((size_t)n);
@@ -580,6 +604,13 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
 }
 
 void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, float* probs) {
+    // One thread: the exact weights go straight into probs (keep_all_finite), then are scaled in
+    // place. With the pool the pieces below split the exponentials instead.
+    exact_into_ = sampling_threads() == 1 ? probs : nullptr;
+    struct Reset {
+        float*& into;
+        ~Reset() { into = nullptr; }   // also if select throws: sample() must never write there
+    } reset{exact_into_};
     const Candidates& c = select(a, n, p);
     if (!c.draw || c.ids) std::fill(probs, probs + n, 0.0f);   // else every entry is written below
     if (!c.draw) {
