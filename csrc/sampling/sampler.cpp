@@ -165,6 +165,12 @@ DS4_SAMPLING_HOT void scale_weights(const float* w, int64_t n, double inv, float
     for (int64_t i = 0; i < n; ++i) out[i] = (float)((double)w[i] * inv);
 }
 
+// out[i] = v: probabilities()' equal weights (a clone per ISA: whole-vector stores where there
+// are; std::fill of a non-zero float got 16-byte stores). Zeros go through std::fill (memset).
+DS4_SAMPLING_HOT void fill_floats(float* out, int64_t n, float v) {
+    for (int64_t i = 0; i < n; ++i) out[i] = v;
+}
+
 // First i with a finite a[i] (n when none).
 int64_t first_finite(const float* a, int64_t n) {
     for (int64_t i = 0; i < n; ++i)
@@ -623,8 +629,8 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
         if (c.ids) {
             for (int64_t i = 0; i < c.count; ++i) probs[c.ids[i]] = p1;
         } else {
-            std::fill(probs, probs + c.count, p1);
-            std::fill(probs + c.count, probs + n, 0.0f);
+            fill_floats(probs, c.count, p1);
+            std::fill(probs + c.count, probs + n, 0.0f);   // memset
         }
         return;
     }
