@@ -430,21 +430,19 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
     float total;
     if (exact_into_) {
         // probabilities(): every exact weight is needed anyway, and their sequential sum is the
-        // total (the binade sum of exact terms needs no exponential and no certificate).
-        if (t != 1.0f) {
-            x_.resize((size_t)n);
-            shifted_args(a, n, m, t, x_.data());
-            exp_weights(x_.data(), exact_into_, n);
-        } else {
-            constexpr int64_t kPiece = 2048;
-            alignas(64) float xb[kPiece];
-            for (int64_t i = 0; i < n; i += kPiece) {
-                const int64_t len = std::min(kPiece, n - i);
-                shifted_args(a + i, len, m, t, xb);
-                exp_weights(xb, exact_into_ + i, len);
-            }
+        // total (the binade sum of exact terms needs no exponential and no certificate). In pieces
+        // that stay in cache between the exponential and the sum; the sum runs on from piece to
+        // piece (binade_seq_until with a stop that never comes: fl(s / 1) >= inf needs an
+        // infinite s, and weights are at most 1).
+        constexpr int64_t kPiece = 2048;
+        alignas(64) float xb[kPiece];
+        total = 0.0f;
+        for (int64_t i = 0; i < n; i += kPiece) {
+            const int64_t len = std::min(kPiece, n - i);
+            shifted_args(a + i, len, m, t, xb);
+            exp_weights(xb, exact_into_ + i, len);
+            binade_seq_until(exact_into_ + i, len, 1.0f, std::numeric_limits<float>::infinity(), total);
         }
-        total = binade_seq_sum(exact_into_, n);
         if (!(total > 0.0f && std::isfinite(total))) return;
         c_.draw = true;
         c_.count = n;
