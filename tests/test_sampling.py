@@ -825,3 +825,63 @@ def test_runs_of_zero_weights_equal_the_plain_reference(seed, t, filters):
     # the total divides every probability: a skipped weight that was not 0 changes their bits
     got, want = probabilities(logits, t, 0, top_p, mp), plain_probabilities(logits, t, 0, top_p, mp)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+_EXP2_32 = [float.fromhex(h) for h in (
+    "0x1.0000000000000p+0", "0x1.059b0d3158574p+0", "0x1.0b5586cf9890fp+0", "0x1.11301d0125b51p+0",
+    "0x1.172b83c7d517bp+0", "0x1.1d4873168b9aap+0", "0x1.2387a6e756238p+0", "0x1.29e9df51fdee1p+0",
+    "0x1.306fe0a31b715p+0", "0x1.371a7373aa9cbp+0", "0x1.3dea64c123422p+0", "0x1.44e086061892dp+0",
+    "0x1.4bfdad5362a27p+0", "0x1.5342b569d4f82p+0", "0x1.5ab07dd485429p+0", "0x1.6247eb03a5585p+0",
+    "0x1.6a09e667f3bcdp+0", "0x1.71f75e8ec5f74p+0", "0x1.7a11473eb0187p+0", "0x1.82589994cce13p+0",
+    "0x1.8ace5422aa0dbp+0", "0x1.93737b0cdc5e5p+0", "0x1.9c49182a3f090p+0", "0x1.a5503b23e255dp+0",
+    "0x1.ae89f995ad3adp+0", "0x1.b7f76f2fb5e47p+0", "0x1.c199bdd85529cp+0", "0x1.cb720dcef9069p+0",
+    "0x1.d5818dcfba487p+0", "0x1.dfc97337b9b5fp+0", "0x1.ea4afa2a490dap+0", "0x1.f50765b6e4540p+0")]
+
+
+def _scalar_exp_weights(x):
+    """csrc/sampling/exp_weights.inc's double evaluation, one IEEE operation per numpy step (no
+    fused multiply-adds): the scalar build's bits, which every SIMD build must reproduce."""
+    v = np.asarray(x, dtype=np.float32).astype(np.float64)
+    v = np.where(v < -120.0, -120.0, v)
+    kshift = v * 46.166241308446828384 + 6755399441055744.0
+    k = kshift - 6755399441055744.0
+    r = (v - k * (0.693147180369123816490 / 32.0)) - k * (1.90821492927058770002e-10 / 32.0)
+    p = np.full_like(v, 1.0 / 720.0)
+    for c in (1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0):
+        p = p * r + c
+    u = kshift.view(np.uint64) - np.uint64(0x4338000000000000) + np.uint64(1023 * 32)
+    scale = ((u >> np.uint64(5)) << np.uint64(52)).view(np.float64)
+    return ((p * np.array(_EXP2_32)[(u & np.uint64(31)).astype(np.int64)]) * scale).astype(np.float32)
+
+
+def test_exp_weights_are_the_scalar_bits():
+    # The exact weights of every build (the AVX-512 one here when the CPU has it: a max for the
+    # clamp, x - k*ln2_hi fused since that product is exact) against the scalar evaluation, bit for
+    # bit: arguments over the whole range, the table's every entry and both sides of the clamp, in
+    # a length that leaves a remainder for the scalar tail.
+    g = np.random.default_rng(14)
+    x = np.concatenate([g.uniform(-125, 0, 300_000), -np.exp(g.uniform(-30, math.log(125), 300_000)),
+                        np.arange(-5600, 1) * (math.log(2) / 32), g.uniform(-0.02, 0, 10_000),
+                        [0.0, -0.0, -1e-45, -87.0, -103.9, -104.0, -119.99, -120.0, -120.01, -1e30, -np.inf]])
+    x = x.astype(np.float32)
+    assert x.size % 8 != 0
+    got, want = _core()._exp_weights(x).view(np.uint32), _scalar_exp_weights(x).view(np.uint32)
+    assert np.array_equal(got, want), f"{np.count_nonzero(got != want)} weights differ, e.g. x={x[got != want][:3]}"
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "nonfinite", "denormal", "heavy"])
+@pytest.mark.parametrize("t, mp", [(1.0, 0.0), (0.7, 0.0), (100.0, 0.0), (100.0, 0.05), (1.0, 1e-45)])
+def test_whole_vocabulary_probabilities_from_exact_weights(kind, t, mp):
+    # probabilities() with every finite token kept (top_p 1; min_p 0, or every token surviving it)
+    # writes the exact weights into its output, sums them there and scales them in place: bit for
+    # bit the plain reference, in lengths that end inside a piece of 2048 logits and a block of 16.
+    # A sample() after it must still draw from its own buffers (the output is the caller's).
+    for n in (129_280, 4_099, 37):
+        seed = 77 + n
+        logits = _vocab_logits(seed, n, kind)
+        got = probabilities(logits, t, 0, 1.0, mp)
+        want = plain_probabilities(logits, t, 0, 1.0, mp)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (kind, n, t, mp)
+        a, b = Rng(seed), Rng(seed)
+        assert [sample(logits, t, 0, 1.0, mp, a) for _ in range(3)] == [plain_sample(logits, t, 0, 1.0, mp, b) for _ in range(3)]
+        assert a.state == b.state

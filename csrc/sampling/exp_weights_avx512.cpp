@@ -21,10 +21,12 @@ void exp_weights_avx512(const float* x, float* w, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
-        v = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(v, clamp, _CMP_LT_OQ), v, clamp);
+        v = _mm512_max_pd(clamp, v);   // x < -120 (or -inf) ? -120 : x (x is never NaN)
         const __m512d kshift = _mm512_add_pd(_mm512_mul_pd(v, inv), shifter);
         const __m512d k = _mm512_sub_pd(kshift, shifter);
-        const __m512d r = _mm512_sub_pd(_mm512_sub_pd(v, _mm512_mul_pd(k, ln_hi)), _mm512_mul_pd(k, ln_lo));
+        // k * ln_hi is exact (|k| < 2^13, ln_hi has 21 significant bits), so the fused form rounds
+        // x - k * ln_hi once, as the separate subtraction does: the same bits
+        const __m512d r = _mm512_sub_pd(_mm512_fnmadd_pd(k, ln_hi, v), _mm512_mul_pd(k, ln_lo));
         __m512d p = c6;
         p = _mm512_add_pd(_mm512_mul_pd(p, r), c5);
         p = _mm512_add_pd(_mm512_mul_pd(p, r), c4);

@@ -165,6 +165,12 @@ DS4_SAMPLING_HOT void scale_weights(const float* w, int64_t n, double inv, float
     for (int64_t i = 0; i < n; ++i) out[i] = (float)((double)w[i] * inv);
 }
 
+// out[i] = v: probabilities()' equal weights (a clone per ISA: whole-vector stores where there
+// are; std::fill of a non-zero float got 16-byte stores). Zeros go through std::fill (memset).
+DS4_SAMPLING_HOT void fill_floats(float* out, int64_t n, float v) {
+    for (int64_t i = 0; i < n; ++i) out[i] = v;
+}
+
 // First i with a finite a[i] (n when none).
 int64_t first_finite(const float* a, int64_t n) {
     for (int64_t i = 0; i < n; ++i)
@@ -422,6 +428,28 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
     // or at a temperature other than 1 the arguments, divided once here (the division is the
     // slowest step of a pass, and the walk would repeat it).
     float total;
+    if (exact_into_) {
+        // probabilities(): every exact weight is needed anyway, and their sequential sum is the
+        // total (the binade sum of exact terms needs no exponential and no certificate). In pieces
+        // that stay in cache between the exponential and the sum; the sum runs on from piece to
+        // piece (binade_seq_until with a stop that never comes: fl(s / 1) >= inf needs an
+        // infinite s, and weights are at most 1).
+        constexpr int64_t kPiece = 2048;
+        alignas(64) float xb[kPiece];
+        total = 0.0f;
+        for (int64_t i = 0; i < n; i += kPiece) {
+            const int64_t len = std::min(kPiece, n - i);
+            shifted_args(a + i, len, m, t, xb);
+            exp_weights(xb, exact_into_ + i, len);
+            binade_seq_until(exact_into_ + i, len, 1.0f, std::numeric_limits<float>::infinity(), total);
+        }
+        if (!(total > 0.0f && std::isfinite(total))) return;
+        c_.draw = true;
+        c_.count = n;
+        c_.sum = total;
+        c_.w = exact_into_;
+        return;
+    }
     wall_.resize((size_t)n);   // approximate weights: the walk reads them instead of evaluating again
     if (t != 1.0f) {
         x_.resize((size_t)n);
@@ -580,6 +608,13 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
 }
 
 void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, float* probs) {
+    // One thread: the exact weights go straight into probs (keep_all_finite), then are scaled in
+    // place. With the pool the pieces below split the exponentials instead.
+    exact_into_ = sampling_threads() == 1 ? probs : nullptr;
+    struct Reset {
+        float*& into;
+        ~Reset() { into = nullptr; }   // also if select throws: sample() must never write there
+    } reset{exact_into_};
     const Candidates& c = select(a, n, p);
     if (!c.draw || c.ids) std::fill(probs, probs + n, 0.0f);   // else every entry is written below
     if (!c.draw) {
@@ -592,8 +627,8 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
         if (c.ids) {
             for (int64_t i = 0; i < c.count; ++i) probs[c.ids[i]] = p1;
         } else {
-            std::fill(probs, probs + c.count, p1);
-            std::fill(probs + c.count, probs + n, 0.0f);
+            fill_floats(probs, c.count, p1);
+            std::fill(probs + c.count, probs + n, 0.0f);   // memset
         }
         return;
     }

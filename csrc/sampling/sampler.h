@@ -94,6 +94,9 @@ private:
     void sort_candidates(const float* a);                     // ids_/vals_ by logit desc, id asc
 
     Candidates c_;
+    // probabilities() of the whole vocabulary: keep_all_finite writes the exact weights here and
+    // sums them (instead of the approximate total a draw needs); null for sample().
+    float* exact_into_ = nullptr;
     Scratch<float> x_, wall_, w_, vals_;
     Scratch<int32_t> ids_, tmp_ids_;
     Scratch<uint64_t> keys_, tmp_keys_;
