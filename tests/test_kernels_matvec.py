@@ -153,6 +153,35 @@ def _test_matvec_experts_equals_per_expert_matvec(qtype, data):
         np.testing.assert_array_equal(Y[i].view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES + (Q.F16,), ids=lambda q: q.name)
+@given(data=st.data())
+def test_matvec_experts_pair_equals_two_calls(path, qtype, data):
+    """Decode's fused gate/up dispatch (matvec_experts_pair.h) gives each matrix the bits of its
+    own matvec_experts call, at 1-3 threads (splits falling across the two matrices)."""
+    be, _ = block_size(qtype)
+    n = 256 if be == 256 else 64
+    rows = data.draw(st.integers(1, 40))
+    n_expert = data.draw(st.integers(1, 6))
+    raw_a = random_weights(qtype, n, rows * n_expert, data.draw(st.integers(0, 2**32 - 1)))
+    raw_b = random_weights(qtype, n, rows * n_expert, data.draw(st.integers(0, 2**32 - 1)))
+    ids = np.array(data.draw(st.lists(st.integers(0, n_expert - 1), min_size=0, max_size=6)), np.int32)
+    x = activation(n, data.draw(st.integers(0, 2**32 - 1)), "normal")
+    threads = data.draw(st.integers(1, 3))
+    before = core.threads()
+    core.set_threads(threads)
+    try:
+        with simd_path(path):
+            ya, yb = core.matvec_experts_pair(int(qtype), raw_a, raw_b, (n, rows, n_expert), ids, x)
+            want_a = core.matvec_experts(int(qtype), raw_a, (n, rows, n_expert), ids, x)
+            want_b = core.matvec_experts(int(qtype), raw_b, (n, rows, n_expert), ids, x)
+    finally:
+        core.set_threads(before)
+    assert ya.shape == yb.shape == (len(ids), rows)
+    np.testing.assert_array_equal(ya.view(np.uint32), want_a.view(np.uint32))
+    np.testing.assert_array_equal(yb.view(np.uint32), want_b.view(np.uint32))
+
+
 # ---- exact cases: power-of-two scales and activations make every float operation exact ----------
 
 

@@ -54,6 +54,7 @@ def _check_thread_counts(qtype):
             core.matmul(int(qtype), raw, (n, rows * n_expert), X),
             core.matvec_experts(int(qtype), raw, shape3, ids, X),
             core.matmul_experts(int(qtype), raw, shape3, ids.reshape(2, 2), X[:2]),
+            *core.matvec_experts_pair(int(qtype), raw, raw[::-1].copy(), shape3, ids, x),
         ))
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
@@ -75,7 +76,8 @@ def test_many_ranges_bit_identical(qtype, restore_threads):
     for t in (1, 2, 3, 7):
         core.set_threads(t)
         outs.append((core.matvec(int(qtype), raw, (n, rows * n_expert), x),
-                     core.matvec_experts(int(qtype), raw, (n, rows, n_expert), ids, X)))
+                     core.matvec_experts(int(qtype), raw, (n, rows, n_expert), ids, X),
+                     *core.matvec_experts_pair(int(qtype), raw, raw, (n, rows, n_expert), ids, x)))
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

@@ -11,6 +11,7 @@
 //   matmul(qtype, raw, (n, rows), X[nb, n]) -> Y[nb, rows]
 //   matvec_experts(qtype, raw, (n, rows, n_expert), ids[k], x[n] or X[k, n]) -> Y[k, rows]
 //   matmul_experts(qtype, raw, (n, rows, n_expert), ids[T, k], X[T, n] or X[T, k, n]) -> Y[T, k, rows]
+//   matvec_experts_pair(qtype, raw_a, raw_b, (n, rows, n_expert), ids[k], x[n]) -> (Y_a[k, rows], Y_b[k, rows])
 //   simd_paths(), simd_path(), set_simd_path(name), threads(), set_threads(n), type_info(qtype)
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -23,6 +24,7 @@
 #include "common/thread_pool.h"
 #include "quant/gemm.h"
 #include "quant/kernels.h"
+#include "quant/matvec_experts_pair.h"
 #include "quant/simd.h"
 
 namespace py = pybind11;
@@ -225,6 +227,31 @@ void init_quant(py::module_& m) {
         }
         return y;
     }, py::arg("qtype"), py::arg("raw"), py::arg("shape"), py::arg("ids"), py::arg("x"));
+
+    m.def("matvec_experts_pair", [](int qtype, const py::buffer& raw_a, const py::buffer& raw_b,
+                                    std::vector<int64_t> shape,
+                                    const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids,
+                                    const FloatArray& x) {
+        const ds4::GgmlType t = checked_type(qtype);
+        check_shape("matvec_experts_pair", shape, 3);
+        const int64_t n = shape[0], rows = shape[1], n_expert = shape[2];
+        const int64_t bytes = ds4::row_bytes(t, n) * rows * n_expert;
+        py::buffer_info ia, ib;
+        const uint8_t* wa = raw_bytes("matvec_experts_pair", t, raw_a, shape, bytes, ia);
+        const uint8_t* wb = raw_bytes("matvec_experts_pair", t, raw_b, shape, bytes, ib);
+        if (ids.ndim() != 1) ds4::fail(ds4::ErrorKind::InvalidArgument, "matvec_experts_pair: ids must be 1-D");
+        const int64_t k = ids.shape(0);
+        check_vec("matvec_experts_pair", x, n, -1, "x");
+        py::array_t<float> ya({(py::ssize_t)k, (py::ssize_t)rows}), yb({(py::ssize_t)k, (py::ssize_t)rows});
+        float* pa = ya.mutable_data();
+        float* pb = yb.mutable_data();
+        {
+            py::gil_scoped_release nogil;
+            std::vector<uint8_t> xq = quantize_rows(t, x.data(), 1, n);
+            ds4::matvec_experts_pair(t, wa, wb, n_expert, rows, n, ids.data(), k, xq.data(), pa, pb);
+        }
+        return py::make_tuple(ya, yb);
+    }, py::arg("qtype"), py::arg("raw_a"), py::arg("raw_b"), py::arg("shape"), py::arg("ids"), py::arg("x"));
 
     m.def("matmul_experts", [](int qtype, const py::buffer& raw, std::vector<int64_t> shape,
                                const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids,

@@ -6,6 +6,7 @@
 #include "common/thread_pool.h"
 #include "layers/numerics.h"
 #include "quant/kernels.h"
+#include "quant/matvec_experts_pair.h"
 #include "quant/simd.h"
 
 namespace ds4 {
@@ -98,8 +99,9 @@ void routed_experts(const RoutedExperts& w, const float* x, const int32_t* sel, 
     const int64_t xb = act_bytes(gt, E);
     uint8_t* xq = sc.xq->ensure(xb);
     quantize_act(gt, x, xq, E);
-    matvec_experts(gt, w.gate->data, w.n_expert, F, E, sel, nu, xq, 0, sc.gate, pool);
-    matvec_experts(gt, w.up->data, w.n_expert, F, E, sel, nu, xq, 0, sc.up, pool);
+    // Gate and up in one dispatch (docs/kernels.md, "decode dispatches"); the same bits as two
+    // matvec_experts calls (up is read as gate's type, as before).
+    matvec_experts_pair(gt, w.gate->data, w.up->data, w.n_expert, F, E, sel, nu, xq, sc.gate, sc.up, pool);
     const int64_t mb = act_bytes(dt, F);
     uint8_t* mq = sc.midq->ensure(mb * nu);
     for (int i = 0; i < nu; ++i) {

@@ -315,47 +315,70 @@ void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
         1);
 }
 
-void matvec_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, int64_t n, const int32_t* ids,
-                    int64_t n_ids, const void* xq, int64_t xq_stride, float* y, ThreadPool* pool) {
-    check_dims("matvec_experts", rows, n);
+namespace {
+
+// matvec_experts over n_mats weights of one shape and type sharing the ids and activations
+// (gate and up: docs/kernels.md, "decode dispatches"): the (matrix, slot, row) list is split in
+// one dispatch. A row's result is the row kernel's, wherever the split falls, so each output is
+// what a separate matvec_experts call gives.
+void experts_dispatch(const char* what, GgmlType t, const void* const* ws, float* const* ys, int n_mats,
+                      int64_t n_expert, int64_t rows, int64_t n, const int32_t* ids, int64_t n_ids, const void* xq,
+                      int64_t xq_stride, ThreadPool* pool) {
+    const std::string name(what);
+    check_dims(what, rows, n);
     if (n_expert <= 0 || n_ids < 0 || xq_stride < 0) {
-        fail(ErrorKind::InvalidArgument, "matvec_experts: n_expert=" + std::to_string(n_expert) +
+        fail(ErrorKind::InvalidArgument, name + ": n_expert=" + std::to_string(n_expert) +
                                              ", n_ids=" + std::to_string(n_ids) + ", xq_stride=" +
                                              std::to_string(xq_stride) + " (need n_expert > 0, others >= 0)");
     }
     const int64_t rb = row_bytes(t, n);
     const int64_t ab = act_bytes(t, n);
     if (xq_stride != 0 && xq_stride < ab) {
-        fail(ErrorKind::InvalidArgument, "matvec_experts: xq_stride " + std::to_string(xq_stride) +
+        fail(ErrorKind::InvalidArgument, name + ": xq_stride " + std::to_string(xq_stride) +
                                              " is smaller than one activation (" + std::to_string(ab) + " bytes)");
     }
     DotFn fn = dot_fn(active_kernels(), t);
     if (n_ids == 0 || rows == 0) return;
-    if (!ids) fail(ErrorKind::InvalidArgument, "matvec_experts: null ids");
-    check_ptrs("matvec_experts", w, xq, y);
+    if (!ids) fail(ErrorKind::InvalidArgument, name + ": null ids");
+    for (int m = 0; m < n_mats; ++m) check_ptrs(what, ws[m], xq, ys[m]);
     for (int64_t i = 0; i < n_ids; ++i) {
         if (ids[i] < 0 || ids[i] >= n_expert) {
-            fail(ErrorKind::InvalidArgument, "matvec_experts: expert id " + std::to_string(ids[i]) + " at slot " +
+            fail(ErrorKind::InvalidArgument, name + ": expert id " + std::to_string(ids[i]) + " at slot " +
                                                  std::to_string(i) + " is outside [0, " + std::to_string(n_expert) + ")");
         }
     }
-    const uint8_t* wb = static_cast<const uint8_t*>(w);
     const uint8_t* xb = static_cast<const uint8_t*>(xq);
     const int64_t mat_bytes = rb * rows;
+    const int64_t per_mat = n_ids * rows;
     DotRowsFn rows_fn = dot_rows_fn(active_kernels(), t);
-    // Flatten (slot, row) so all threads share the work even with few selected experts.
+    // Flatten (matrix, slot, row) so all threads share the work even with few selected experts.
     pool_or_global(pool).parallel_for(
-        n_ids * rows,
+        n_mats * per_mat,
         [&](int64_t k0, int64_t k1) {
             for (int64_t k = k0; k < k1;) {
-                const int64_t i = k / rows, r = k % rows, e = k1 - k < rows - r ? r + (k1 - k) : rows;
-                const uint8_t* mat = wb + ids[i] * mat_bytes;
+                const int64_t m = k / per_mat, km = k % per_mat;
+                const int64_t i = km / rows, r = km % rows, e = k1 - k < rows - r ? r + (k1 - k) : rows;
+                const uint8_t* mat = static_cast<const uint8_t*>(ws[m]) + ids[i] * mat_bytes;
                 // Prefetch within one expert's rows; the next expert's start is picked up by the hardware.
-                dot_rows(fn, rows_fn, mat, mat + mat_bytes, rb, r, e, xb + i * xq_stride, n, y + k);
+                dot_rows(fn, rows_fn, mat, mat + mat_bytes, rb, r, e, xb + i * xq_stride, n, ys[m] + km);
                 k += e - r;
             }
         },
-        min_rows_per_task(rb), ranges_per_thread(n_ids * mat_bytes, pool_or_global(pool)));
+        min_rows_per_task(rb), ranges_per_thread(n_mats * n_ids * mat_bytes, pool_or_global(pool)));
+}
+
+}  // namespace
+
+void matvec_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, int64_t n, const int32_t* ids,
+                    int64_t n_ids, const void* xq, int64_t xq_stride, float* y, ThreadPool* pool) {
+    experts_dispatch("matvec_experts", t, &w, &y, 1, n_expert, rows, n, ids, n_ids, xq, xq_stride, pool);
+}
+
+void matvec_experts_pair(GgmlType t, const void* w_a, const void* w_b, int64_t n_expert, int64_t rows, int64_t n,
+                         const int32_t* ids, int64_t n_ids, const void* xq, float* y_a, float* y_b, ThreadPool* pool) {
+    const void* ws[2] = {w_a, w_b};
+    float* ys[2] = {y_a, y_b};
+    experts_dispatch("matvec_experts_pair", t, ws, ys, 2, n_expert, rows, n, ids, n_ids, xq, 0, pool);
 }
 
 void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, int64_t n, const int32_t* ids,
