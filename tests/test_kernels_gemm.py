@@ -8,8 +8,8 @@ What must hold (docs/gemm.md "Numerics"):
     kernels are), and for Q8_0 within twice the derived bound of test_kernels_matvec (the x86 Q8_0
     row kernel sums blocks in eight lanes, scalar sequentially);
   * within the derived float64-reference bound of test_kernels_matvec (no new tolerance).
-These run on every path of core.simd_paths(): the GEMM runs on avx512vnni (all four types) and
-avx2 (Q2_K, Q4_K, IQ2_XXS) for matrices/experts with at least gemm_min_tokens (4; 6 for Q2_K)
+These run on every path of core.simd_paths(): the GEMM runs on avx512vnni (all four types), avx512
+(Q2_K, Q4_K) and avx2 (Q2_K, Q4_K, IQ2_XXS) for matrices/experts with at least gemm_min_tokens (4; 6 for Q2_K)
 tokens; elsewhere the row kernels run and the same assertions hold.
 """
 

@@ -1,5 +1,5 @@
 // The portable half of the prefill GEMM (gemm.h): which per-ISA group kernel runs (avx512vnni,
-// avx2, neon), the activation-side corrections, the per-thread panel scratch and the split of row
+// avx512, avx2, neon), the activation-side corrections, the per-thread panel scratch and the split of row
 // groups over threads. The ISA files only decode panels and run micro-kernels.
 #include "quant/gemm.h"
 
@@ -31,6 +31,7 @@ const GemmKernels* table_for_active_path() {
     if (gemm_disabled()) return nullptr;
 #if defined(DS4_ARCH_X86)
     if (simd_path() == SimdPath::AVX512VNNI) return &avx512vnni_gemm();
+    if (simd_path() == SimdPath::AVX512) return &avx512_gemm();
     if (simd_path() == SimdPath::AVX2) return &avx2_gemm();
 #endif
 #if defined(DS4_ARCH_ARM64)

@@ -1,5 +1,5 @@
 // Register-blocked quantised GEMM for prefill (docs/gemm.md): a group of weight rows (16 for
-// AVX-512, 8 for AVX2: one vector of int32 lanes; 8 for NEON: two) is
+// AVX-512 with or without VNNI, 8 for AVX2: one vector of int32 lanes; 8 for NEON: two) is
 // decoded once into an int8 panel laid out for the dot-product instructions (4 consecutive
 // k of 16 rows per 64-byte vector), and the micro-kernel applies it to every token of the batch,
 // several tokens per register tile. The panel is scratch of one group (tens of KiB, stays in L2);
@@ -48,6 +48,7 @@ struct GemmKernels {
 
 #if defined(DS4_ARCH_X86)
 const GemmKernels& avx512vnni_gemm();  // gemm_avx512vnni.cpp
+const GemmKernels& avx512_gemm();      // gemm_avx512.cpp (plain AVX-512BW: Q2_K, Q4_K)
 const GemmKernels& avx2_gemm();        // gemm_avx2.cpp (Q2_K, Q4_K, IQ2_XXS)
 // 12 independent vpdpbusd zmm chains, iters rounds: 12 * 64 * iters int8 multiply-adds. The
 // return value depends on every accumulator (so the loop is not optimised away).
