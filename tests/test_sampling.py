@@ -656,6 +656,20 @@ def test_binade_seq_sum_ties_go_to_even():
         assert np.float32(start) + 299 * 2.0**-23 != want   # round-half-up would differ
 
 
+@pytest.mark.parametrize("below", [1, 2, 3, 17, 64, 200])
+@pytest.mark.parametrize("n", [16, 64, 256])
+def test_binade_seq_sum_at_the_top_of_a_binade(below, n):
+    # A sum `below` units under 2^24 (unit 1), then terms of 0.75 and 1.25 (one unit each, no
+    # half-unit tie): the unit count is symmetric only while it stays below 2^24, where the grid
+    # turns to 2 and the order of the 0.75s and 1.25s decides the rounding (docs/sampling.md,
+    # "Order inside a binade"; the bucket design's prototype met the same boundary).
+    g = np.random.default_rng(below * 1000 + n)
+    w = np.where(g.random(n) < 0.5, 0.75, 1.25).astype(np.float32)
+    for head in (np.float32(2**24 - below), np.float32(2**24 - below) * np.float32(2.0**-30)):
+        ws = np.concatenate([[head], w * (head / np.float32(2**24 - below))]).astype(np.float32)
+        assert _f32_bits_equal(_core()._binade_seq_sum(ws), _plain_sum(ws))
+
+
 def _args(kind: str, seed: int, n: int) -> np.ndarray:
     g = np.random.default_rng(seed)
     if kind == "flat":
