@@ -59,7 +59,7 @@ def main() -> int:
     ap.add_argument("--depths", default="0,2048,8192", help="context depths for decode")
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--json", default="bench-engine.json")
+    ap.add_argument("--json", default=None, help="write the results as JSON to this file")
     ap.add_argument("--baseline", default=None)
     args = ap.parse_args()
 
@@ -137,8 +137,9 @@ def main() -> int:
     for k, v in results.items():
         if k in base:
             print(f"  {k}: x{v['median'] / base[k]['median']:.2f} vs baseline")
-    Path(args.json).write_text(json.dumps(out, indent=2))
-    print(f"wrote {args.json}")
+    if args.json:  # like the other benches: a file only when asked for (none left in the working tree)
+        Path(args.json).write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}")
     return 0
 
 
