@@ -8,8 +8,12 @@ int64_t collect_finite_at_least(const float* a, int64_t n, float floor, int32_t*
 #if defined(DS4_ARCH_X86)
     if (sampling_avx512()) return collect_finite_at_least_avx512(a, n, floor, out, vals);
 #endif
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; ++i) {
+    return collect_finite_at_least_from(a, 0, n, floor, out, vals, 0);
+}
+
+int64_t collect_finite_at_least_from(const float* a, int64_t i, int64_t n, float floor, int32_t* out, float* vals,
+                                     int64_t k) {
+    for (; i < n; ++i) {
         if (a[i] >= floor && a[i] - a[i] == 0.0f) {
             if (vals) vals[k] = a[i];
             out[k++] = (int32_t)i;
@@ -23,8 +27,12 @@ int64_t collect_above_and_tied(const float* a, int64_t n, float v, int32_t* abov
 #if defined(DS4_ARCH_X86)
     if (sampling_avx512()) return collect_above_and_tied_avx512(a, n, v, above, vals, limit, tied, n_tied);
 #endif
-    int64_t k = 0, t = 0;
-    for (int64_t i = 0; i < n; ++i) {
+    return collect_above_and_tied_from(a, 0, n, v, above, vals, limit, tied, n_tied, 0, 0);
+}
+
+int64_t collect_above_and_tied_from(const float* a, int64_t i, int64_t n, float v, int32_t* above, float* vals,
+                                    int64_t limit, int32_t* tied, int64_t* n_tied, int64_t k, int64_t t) {
+    for (; i < n; ++i) {
         if (a[i] > v && a[i] - a[i] == 0.0f) {
             vals[k] = a[i];
             above[k++] = (int32_t)i;
@@ -32,7 +40,7 @@ int64_t collect_above_and_tied(const float* a, int64_t n, float v, int32_t* abov
             tied[t++] = (int32_t)i;
         }
     }
-    *n_tied = t;
+    *n_tied = t < limit ? t : limit;  // a vector pass may have stored a whole vector past limit
     return k;
 }
 

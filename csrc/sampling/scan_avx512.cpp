@@ -21,13 +21,7 @@ int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, i
         }
         ids = _mm512_add_epi32(ids, step);
     }
-    for (; i < n; ++i) {
-        if (a[i] >= floor && a[i] - a[i] == 0.0f) {
-            if (vals) vals[k] = a[i];
-            out[k++] = (int32_t)i;
-        }
-    }
-    return k;
+    return collect_finite_at_least_from(a, i, n, floor, out, vals, k);
 }
 
 int64_t collect_above_and_tied_avx512(const float* a, int64_t n, float v, int32_t* above, float* vals,
@@ -52,16 +46,7 @@ int64_t collect_above_and_tied_avx512(const float* a, int64_t n, float v, int32_
         }
         ids = _mm512_add_epi32(ids, step);
     }
-    for (; i < n; ++i) {
-        if (a[i] > v && a[i] - a[i] == 0.0f) {
-            vals[k] = a[i];
-            above[k++] = (int32_t)i;
-        } else if (a[i] == v && t < limit) {
-            tied[t++] = (int32_t)i;
-        }
-    }
-    *n_tied = t < limit ? t : limit;
-    return k;
+    return collect_above_and_tied_from(a, i, n, v, above, vals, limit, tied, n_tied, k, t);
 }
 
 float finite_max_avx512(const float* a, int64_t n, int64_t* n_finite, float* min_out) {
