@@ -899,3 +899,183 @@ def test_whole_vocabulary_probabilities_from_exact_weights(kind, t, mp):
         a, b = Rng(seed), Rng(seed)
         assert [sample(logits, t, 0, 1.0, mp, a) for _ in range(3)] == [plain_sample(logits, t, 0, 1.0, mp, b) for _ in range(3)]
         assert a.state == b.state
+
+
+# ---- top-p over logit-value buckets (csrc/sampling/bucket_topp.*, docs/sampling.md) -------------
+#
+# The bucket branch computes the sorted branch's top-p stop, kept set, sum and walk without sorting
+# most of the prefix. `_bucket_top_p` runs it on given weights (exact w, approximations wa within
+# rel of them), so the boundaries that real logits never reach can be built; the sampler's own use
+# is checked against the plain reference with the branch's size threshold lowered to 0 (every
+# `min_p 0, top_p < 1` selection of a non-equal vocabulary takes it) and at its default.
+
+
+def _plain_top_p(a, w, total, top_p, rs):
+    """The sorted loops: (kept ids in sorted order, their float32 sum, the id each r's walk picks or -1)."""
+    a = np.asarray(a, dtype=np.float32)
+    fin = np.flatnonzero(np.isfinite(a))
+    order = fin[np.argsort(-a[fin], kind="stable")]
+    run = _plain_seq(np.concatenate([[F(0)], w[order]]))[1:]
+    hit = np.flatnonzero((run / F(total)).astype(np.float32) >= F(top_p))
+    if not hit.size:
+        return None
+    kept = order[: hit[0] + 1]
+    picks = []
+    for r in rs:
+        walk = _plain_seq(np.concatenate([[F(r)], -w[kept]]))[1:]
+        h = np.flatnonzero(walk <= 0)
+        picks.append(int(kept[h[0]]) if h.size else -1)
+    return kept, run[hit[0]], picks
+
+
+def _check_buckets(a, w, total, top_p, rs, buckets, wa=None, rel=0.0):
+    a, w = np.asarray(a, dtype=np.float32), np.asarray(w, dtype=np.float32)
+    wa = w if wa is None else np.asarray(wa, dtype=np.float32)
+    got = _core()._bucket_top_p(a, w, wa, rel, F(total), F(top_p), buckets, np.asarray(rs, dtype=np.float32))
+    want = _plain_top_p(a, w, total, top_p, rs)
+    if want is None:
+        assert got is None   # no stop: the sorted path decides
+        return None
+    assert got is not None
+    count, s, kept, picks, n_sorted = got
+    assert count == want[0].size and _f32_bits_equal(s, want[1])
+    assert np.array_equal(np.sort(kept), np.sort(want[0]))
+    assert picks == want[2]
+    return n_sorted
+
+
+@pytest.mark.parametrize("rel", [0.0, 2.0**-20])
+def test_bucket_sum_at_the_top_of_a_binade(rel):
+    # A running sum 2^24 - 1 units (unit 1), then one bucket {0.75, 1.25}: 2 units would end at
+    # 2^24 + 1, past the binade; the grid there is 2 and the sorted loop gives 2^24 + 2, a unit
+    # count 2^24 + 1 -> 2^24. The bucket must be sorted (S + R < 2^24 is the bound).
+    a = [1.0, 0.0, -0.0001, -5.0]
+    w = [16777215.0, 0.75, 1.25, 2.0**25]
+    assert F(F(F(w[0]) + F(w[1])) + F(w[2])) == F(2**24 + 2)
+    for total in (5e7, 4e7):
+        _check_buckets(a, w, total, 0.9, [F(u) * F(5e7) for u in (0.1, 0.33, 0.3355, 0.9)], 4096, rel=rel)
+    # the same one unit lower: S + R = 2^24 - 1 + 1 stays inside and is added as a count
+    w2 = [16777214.0, 0.75, 0.25, 2.0**25]
+    _check_buckets(a, w2, 5e7, 0.9, [F(1.6e7)], 4096, rel=rel)
+
+
+@pytest.mark.parametrize("rel", [0.0, 2.0**-20])
+def test_bucket_walk_at_the_floor_of_a_binade(rel):
+    # The walk from r = 2^23 + 1 (unit 1) over a bucket {1.4}: one unit would leave 2^23, but the
+    # exact 2^23 - 0.4 lies on the finer grid below 2^23 and rounds to 2^23 - 0.5, which the next
+    # weight 2^23 - 0.5 then takes to 0 (a pick); the unit count would leave 0.5 (no pick). The
+    # walk may count a bucket only while S - R >= 2^23 + 1.
+    a = [2.0, 1.0, 0.0]
+    w = [1.4, 8388607.5, 1.0]
+    assert F(F(8388609.0) - F(1.4)) == F(8388607.5)
+    _check_buckets(a, w, 8388610.0, 0.5, [8388609.0, 8388610.0, 8388608.0, 1.0, 0.0], 4096, rel=rel)
+
+
+def test_bucket_ties_at_the_stop_keep_id_order():
+    # The stop inside a run of equal logits: the kept part of the run is its lowest ids.
+    a = np.array([3.0] * 5 + [2.0] * 40 + [1.0] * 7, dtype=np.float32)
+    perm = np.random.default_rng(2).permutation(a.size)
+    a = a[perm]
+    w = _plain_expf(a - F(3.0))
+    total = _plain_sum(w)
+    for top_p in (0.3, 0.5, 0.7, 0.8, 0.9, 0.999):
+        for nb in (1, 2, 4096):
+            _check_buckets(a, w, total, top_p, [F(u) * total for u in (0.0, 0.2, 0.5, 0.99)], nb)
+
+
+def _bucket_case(kind, g, n):
+    """Logits and exact weights of a kind the walk or the sum must get right."""
+    if kind == "halves":   # weights 1 and exact half-unit ties against the running sum
+        a = g.normal(0, 1, n).astype(np.float32)
+        e = g.integers(-8, 8, n).astype(np.float64)
+        w = np.where(g.random(n) < 0.5, 2.0**e, 1.5 * 2.0**(e - 23)).astype(np.float32)
+        return a, w
+    if kind == "crossing":   # few buckets, growing weights: many binades inside one bucket
+        a = np.sort(g.normal(0, 1, n))[::-1].astype(np.float32)
+        w = (1e-3 * 1.01 ** np.arange(n) * g.uniform(0.5, 1.5, n)).astype(np.float32)[::-1].copy()
+        return a, w
+    if kind == "denormal":   # sums below 2^-126, where the grid no longer follows the binade
+        a = g.normal(0, 1, n).astype(np.float32)
+        w = (g.uniform(0, 1, n) * 1e-40).astype(np.float32)
+        w[g.integers(0, n, 3)] = g.choice([1e-45, 1e-38, 0.0])
+        return a, w
+    if kind == "nonfinite":   # -inf, NaN, +inf logits are never candidates (their w is garbage)
+        a = g.normal(0, 3, n).astype(np.float32)
+        u = g.random(n)
+        a[u < 0.05] = -np.inf
+        a[(u >= 0.05) & (u < 0.08)] = np.nan
+        a[(u >= 0.08) & (u < 0.09)] = np.inf
+        w = _plain_expf(np.where(np.isfinite(a), a - a[np.isfinite(a)].max(), -np.inf) / 7)
+        w[~np.isfinite(a)] = g.choice([0.0, 1.0, 1e30], int(np.count_nonzero(~np.isfinite(a))))
+        return a, w
+    if kind == "ties":   # quarter steps: long runs of equal logits and weights
+        a = (np.round(g.normal(0, 3, n) * 4) / 4).astype(np.float32)
+    elif kind == "zeros":   # signed zeros among denormal logits (one key), weights near 1
+        a = (g.normal(0, 1, n) * 1e-39).astype(np.float32)
+        a[g.random(n) < 0.2] = -0.0
+        a[g.random(n) < 0.2] = 0.0
+    else:   # "flat"
+        a = g.normal(0, 3, n).astype(np.float32)
+    t = F(g.choice([100.0, 7.0, 1.5]))
+    w = _plain_expf(((a - a.max()) / t).astype(np.float32))
+    return a, w
+
+
+@given(st.sampled_from(["flat", "ties", "halves", "crossing", "denormal", "nonfinite", "zeros"]),
+       st.integers(0, 2**32), st.sampled_from([3, 100, 2000, 20000]), st.sampled_from([1, 2, 7, 64, 4096]),
+       st.sampled_from([0.1, 0.5, 0.9, 0.99, 1.0]), st.booleans())
+def test_bucket_top_p_equals_the_sorted_loops(kind, seed, n, buckets, top_p, approx):
+    # Kept set, sum bits and walk picks against the sorted loops, with exact weights or with
+    # approximations inside the certificate's bound (relative 2^-20, the worst case at its edge).
+    g = np.random.default_rng(seed)
+    a, w = _bucket_case(kind, g, n)
+    fin = np.isfinite(a)
+    total = _plain_sum(np.where(fin, w, F(0)))
+    rel = 2.0**-20 if approx else 0.0
+    wa = w
+    if approx:
+        wa = (w.astype(np.float64) * (1 + rel * g.choice([-1.0, 1.0, 0.999, g.uniform(-1, 1)], n))).astype(np.float32)
+    rs = [F(u) * total for u in g.random(6).astype(np.float32)] + [F(0), total]
+    _check_buckets(a, w, total, top_p, rs, buckets, wa=wa, rel=rel)
+
+
+class _BucketsAlways:
+    """The bucket branch for every min_p 0, top_p < 1 selection (its size threshold set to 0)."""
+
+    def __enter__(self):
+        self.old = _core()._bucket_top_p_min_mass()
+        _core()._set_bucket_top_p_min_mass(0.0)
+
+    def __exit__(self, *exc):
+        _core()._set_bucket_top_p_min_mass(self.old)
+
+
+@given(st.integers(0, 2**32), st.sampled_from([129280, 20000, 3001, 200]),
+       st.sampled_from(["flat", "peaked", "ties", "heavy", "nonfinite", "few", "denormal", "tinyrange", "sparse"]),
+       st.sampled_from([100.0, 7.0, 1.5, 1.0, 0.25]), st.sampled_from([0.99, 0.95, 0.9, 0.5, 0.1]))
+def test_sampler_bucket_branch_equals_plain_reference(seed, n, kind, t, top_p):
+    # Every min_p 0, top_p < 1 selection through the bucket branch: picks, RNG states and
+    # probabilities() bits against the plain reference.
+    logits = _vocab_logits(seed, n, kind)
+    with _BucketsAlways():
+        for draw in range(3):
+            a, b = Rng(seed + draw), Rng(seed + draw)
+            assert sample(logits, t, 0, top_p, 0.0, a) == plain_sample(logits, t, 0, top_p, 0.0, b)
+            assert a.state == b.state
+        got = probabilities(logits, t, 0, top_p, 0.0)
+    want = plain_probabilities(logits, t, 0, top_p, 0.0)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked"])
+@pytest.mark.parametrize("t, top_p", [(100.0, 0.9), (100.0, 0.5), (7.0, 0.9), (100.0, 0.99)])
+def test_sampler_bucket_branch_at_its_default_threshold(kind, t, top_p):
+    # The bench's rows at the default threshold (top_p * total > 16384: the branch runs).
+    logits = _vocab_logits(11, 129_280, kind)
+    assert _core()._bucket_top_p_min_mass() == 16384.0
+    for draw in range(4):
+        a, b = Rng(draw), Rng(draw)
+        assert sample(logits, t, 0, top_p, 0.0, a) == plain_sample(logits, t, 0, top_p, 0.0, b)
+        assert a.state == b.state
+    got, want = probabilities(logits, t, 0, top_p, 0.0), plain_probabilities(logits, t, 0, top_p, 0.0)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "sampling/binade_sum.h"
+#include "sampling/bucket_topp.h"
 #include "sampling/exp_weights.h"
 #include "sampling/sampler.h"
 
@@ -86,6 +87,38 @@ void init_sampling(py::module_& m) {
               return out;
           }, py::arg("x"));
     m.def("_approx_weight_rel", []() { return ds4::kApproxWeightRel; });
+    // The bucket partition on given weights (exact w, approximations wa within rel): None when it
+    // does not decide, else (kept count, sum, kept ids bucket by bucket, the walk's id per r,
+    // tokens in sorted buckets).
+    m.def("_bucket_top_p",
+          [](const Logits& a, const Logits& w, const Logits& wa, float rel, float total, float top_p, int buckets,
+             const Logits& rs) -> py::object {
+              const int64_t n = a.size();
+              if (w.size() != n || wa.size() != n) throw py::value_error("a, w and wa differ in length");
+              float hi = -__builtin_inff(), lo = __builtin_inff();
+              bool all_finite = true;
+              for (int64_t i = 0; i < n; ++i) {
+                  const float v = a.data()[i];
+                  if (!(v - v == 0.0f)) { all_finite = false; continue; }
+                  hi = std::max(hi, v);
+                  lo = std::min(lo, v);
+              }
+              if (!(hi >= lo)) return py::none();
+              ds4::BucketTopPInput in{a.data(), n, hi, lo, all_finite, wa.data(), rel, w.data(), hi, 1.0f, total, top_p,
+                                      buckets};
+              ds4::BucketTopP b;
+              if (!b.select(in)) return py::none();
+              py::array_t<int32_t> kept(b.count());
+              std::copy(b.ids(), b.ids() + b.count(), kept.mutable_data());
+              std::vector<int64_t> picks;
+              for (int64_t i = 0; i < rs.size(); ++i) picks.push_back(b.walk(rs.data()[i]));
+              return py::make_tuple(b.count(), b.sum(), kept, picks, b.sorted_tokens());
+          },
+          py::arg("a"), py::arg("w"), py::arg("wa"), py::arg("rel"), py::arg("total"), py::arg("top_p"),
+          py::arg("buckets"), py::arg("rs"));
+    m.def("_set_bucket_top_p_min_mass", &ds4::set_bucket_top_p_min_mass, py::arg("v"),
+          "the sampler's bucket branch runs when top_p * total exceeds this (inf: never)");
+    m.def("_bucket_top_p_min_mass", &ds4::bucket_top_p_min_mass);
     m.def("set_sampling_threads", &ds4::set_sampling_threads, py::arg("n"),
           "let the sampler split its whole-vocabulary passes over the global pool (1: one thread)");
     m.def("sampling_threads", &ds4::sampling_threads);

@@ -382,6 +382,16 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
 
     // Sorted branch: a sorted prefix that the filters stop inside decides; grow it until one does.
     // Prefixes are taken by logit (logit_floor), so equal logits are never split.
+    // min_p 0 with a top-p prefix of many tokens (each weighs at most 1): the bucket partition
+    // sorts only the few buckets where the order can change a bit (bucket_topp.h).
+    if (need_mass && (double)top_p * (double)total > (double)bucket_top_p_min_mass()) {
+        const BucketTopPInput in{a, n, m, lowest, all_finite, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
+        if (bucket_.select(in)) {
+            c_ = Candidates{true, c_.no_draw, bucket_.last(), bucket_.ids(), nullptr, bucket_.count(), bucket_.sum()};
+            c_.buckets = &bucket_;
+            return;
+        }
+    }
     bool done = false;
     if (min_p > 0.0f) {
         // p/total >= fl(1/total)*min_p needs p >= min_p up to a few ulps: a 0.1% margin is a superset.
@@ -591,6 +601,10 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
         const int64_t steps = r > 0.0f ? (int64_t)std::ceil(r) : 1;
         return c.id(std::min(steps, c.count) - 1);
     }
+    if (c.buckets) {
+        const int64_t i = c.buckets->walk(r);
+        return i >= 0 ? (int32_t)i : resolve_best(c.after_walk);
+    }
     if (c.logits) {
         // r = 0 stops at the first kept token, which the walk over every logit (non-finite
         // ones weighing 0) would not: it would stop at token 0 whatever it is.
@@ -640,6 +654,7 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
             scale_weights(w, i1 - i0, inv, probs + i0);
         }
     };
+    if (c.buckets) return c.buckets->probabilities(inv, probs);
     if (c.w) return scale(c.w, 0, c.count);
     // The whole vocabulary (or the min-p survivors), weights not evaluated yet: in pieces (on the
     // pool when allowed), arguments and weights in the caller's stack while in cache.

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "sampling/bucket_topp.h"
+
 namespace ds4 {
 
 struct SamplerParams {
@@ -40,6 +42,8 @@ struct Candidates {
     // Every kept weight is exactly 1 (all finite logits equal; ids, or token i itself): sums are
     // integers, so the draw's walk is arithmetic.
     bool ones = false;
+    // The kept tokens (ids, count, sum) come from the bucket partition: its walk and weights.
+    BucketTopP* buckets = nullptr;
     int32_t id(int64_t i) const { return ids ? ids[i] : (int32_t)i; }
 };
 
@@ -102,6 +106,7 @@ private:
     Scratch<uint64_t> keys_, tmp_keys_;
     std::vector<float> maxima_;
     std::vector<uint32_t> radix_count_;
+    BucketTopP bucket_;   // high-temperature top-p (bucket_topp.h)
 };
 
 }  // namespace ds4

@@ -1,0 +1,85 @@
+// Top-p over logit-value buckets (docs/sampling.md, "Top-p over buckets"): the sorted branch's
+// kept set, sum and walk without sorting the whole top-p prefix. The finite tokens are split into
+// buckets of equal logit intervals (consecutive segments of the sorted order that never split a
+// tie); a bucket whose every term's rounding at the running value's unit is certain, and whose
+// rounded units keep that value inside its binade, is added (or walked) as an integer count of
+// units, which is the sorted loop's float result bit for bit; any other bucket is sorted and runs
+// the plain loop. select() returns false when it cannot decide (the sorted path then decides).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+namespace ds4 {
+
+struct BucketTopPInput {
+    const float* a = nullptr;   // the logits
+    int64_t n = 0;
+    float hi = 0.0f, lo = 0.0f;   // the largest and the smallest finite logit
+    bool all_finite = false;
+    // Every token's weight approximated (by id), within rel relative plus 2^-125 absolute of the
+    // exact weight (binade_sum.h's kApproxWeightRel; exact weights fit any rel).
+    const float* wa = nullptr;
+    float rel = 0.0f;
+    // The exact weights: w_exact[i] when given (tests), else exp_weights(fl(fl(a[i] - m) / t)).
+    const float* w_exact = nullptr;
+    float m = 0.0f, t = 1.0f;
+    float total = 0.0f, top_p = 1.0f;   // the stop: the first sorted position with fl(sum / total) >= top_p
+    int buckets = 4096;                  // 1..65535
+};
+
+class BucketTopP {
+public:
+    // The kept set and its sequential sum in sorted order; false when no stop was found (top_p
+    // unreachable by rounding) or the logits' range cannot be bucketed: the caller's sorted path.
+    bool select(const BucketTopPInput& in);
+    int64_t count() const { return kept_; }
+    float sum() const { return sum_; }
+    const int32_t* ids() const { return ids_.p.get(); }   // the kept tokens, bucket by bucket
+    int32_t last() const { return ids_[kept_ - 1]; }    // the stop: the last kept token in sorted order
+    // The sorted walk r = fl(r - w) over the kept tokens: the id where r <= 0 first, or -1.
+    int64_t walk(float r);
+    // probs[id] = (float)((double)w_id * inv) for every kept id (the other entries untouched).
+    void probabilities(double inv, float* probs);
+    int64_t sorted_tokens() const;   // how many kept tokens sit in sorted buckets (tests, docs)
+
+private:
+    enum State : uint8_t { kApprox, kExact, kSorted };
+    bool units(int k, int64_t end, float inv_u, int64_t& r);
+    void make_exact(int k);
+    void sort_bucket(int k);
+    void exact_weights(const int32_t* ids, int64_t m, float* out);
+
+    template <class T>
+    struct Buf {   // scratch that grows and is never initialised (filled right after)
+        std::unique_ptr<T[]> p;
+        int64_t cap = 0;
+        T* get(int64_t n) {
+            if (n > cap) {
+                p.reset(new T[(size_t)n]);
+                cap = n;
+            }
+            return p.get();
+        }
+        T& operator[](int64_t i) { return p[(size_t)i]; }
+        const T& operator[](int64_t i) const { return p[(size_t)i]; }
+    };
+
+    BucketTopPInput in_;
+    Buf<uint16_t> bix_;     // each token's bucket (buckets: not finite)
+    Buf<uint32_t> off_;     // bucket k holds positions [off_[k], off_[k + 1])
+    Buf<uint8_t> state_;
+    Buf<int32_t> ids_;      // positions: ids, in id order inside a bucket unless sorted
+    Buf<float> w_;          // positions: wa (kApprox) or the exact weight (kExact, kSorted)
+    Buf<float> vals_, x_;
+    Buf<uint64_t> keys_;
+    int stop_bucket_ = 0;
+    int64_t kept_ = 0;
+    float sum_ = 0.0f;
+};
+
+// Whether the sampler takes the bucket branch: top_p * total above this (every weight is at most
+// 1, so at least that many tokens are kept). Default 16384; tests lower it, inf switches it off.
+float bucket_top_p_min_mass();
+void set_bucket_top_p_min_mass(float v);
+
+}  // namespace ds4
