@@ -916,8 +916,9 @@ def _plain_top_p(a, w, total, top_p, rs):
     fin = np.flatnonzero(np.isfinite(a))
     order = fin[np.argsort(-a[fin], kind="stable")]
     run = _plain_seq(np.concatenate([[F(0)], w[order]]))[1:]
-    hit = np.flatnonzero((run / F(total)).astype(np.float32) >= F(top_p))
-    if not hit.size:
+    with np.errstate(divide="ignore", invalid="ignore"):   # a total of 0: no stop (NaN)
+        hit = np.flatnonzero((run / F(total)).astype(np.float32) >= F(top_p))
+    if not hit.size or not F(total) > 0:
         return None
     kept = order[: hit[0] + 1]
     picks = []

@@ -53,12 +53,12 @@ DS4_BUCKET_HOT void bucket_index(const float* a, int64_t n, float hi, float scal
 // The bounds fl(y (1 -+ 2 rel)) still enclose the exact value strictly after their own rounding
 // (the factor 2 covers it), and adding 1.5 * 2^23 rounds each to an integer: equal integers mean
 // the exact value rounds to it and is no half-integer. Terms above 2^21 units are never certain.
-DS4_BUCKET_HOT bool approx_units(const float* w, int64_t m, float inv_u, float rel, int64_t& units) {
+DS4_BUCKET_HOT bool approx_units(const float* wa, const int32_t* ids, int64_t m, float inv_u, float rel, int64_t& units) {
     const float up = 1.0f + 2.0f * rel, down = 1.0f - 2.0f * rel;
     int64_t acc = 0;
     int bad = 0;
     for (int64_t j = 0; j < m; ++j) {
-        const float y0 = w[j] * inv_u;
+        const float y0 = wa[ids[j]] * inv_u;
         const bool big = !(y0 <= 0x1p21f);   // (NaN too)
         const float y = big ? 0.0f : y0;     // keeps the conversion below defined
         const float h = y * up + kShifter;
@@ -135,10 +135,27 @@ void BucketTopP::sort_bucket(int k) {
 bool BucketTopP::units(int k, int64_t end, float inv_u, int64_t& r) {
     const int64_t b0 = off_[k];
     if (state_[k] == kApprox) {
-        if (approx_units(&w_[b0], end - b0, inv_u, in_.rel, r)) return true;
+        if (in_.rel > 0.0f && approx_units(in_.wa, &ids_[b0], end - b0, inv_u, in_.rel, r)) return true;
         make_exact(k);
     }
     return exact_units(&w_[b0], end - b0, inv_u, r);
+}
+
+// A stable counting sort's scatter: positions in id order inside each bucket. (Two passes, by
+// the top and then the low half of the bucket's bits, each writing to fewer places at once, were
+// measured slower: they move twice the bytes, and memory traffic is what this costs.)
+void BucketTopP::scatter(int64_t n, int nb, int64_t n_finite) {
+    const uint16_t* bix = bix_.get(n);
+    uint32_t* cur = cur_.get(nb + 1);
+    std::memcpy(cur, off_.get(nb + 2), sizeof(uint32_t) * (size_t)nb);
+    int32_t* ids = ids_.get(n_finite + 1);
+    w_.get(n_finite + 1);   // the exact weights of buckets that need them, by position
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t b = bix[i];
+        if (b == (uint32_t)nb) continue;   // not finite
+        const uint32_t p = cur[b]++;
+        ids[p] = (int32_t)i;
+    }
 }
 
 bool BucketTopP::select(const BucketTopPInput& in) {
@@ -152,24 +169,13 @@ bool BucketTopP::select(const BucketTopPInput& in) {
     uint16_t* bix = bix_.get(in.n);
     bucket_index(in.a, in.n, in.hi, scale, (float)(nb - 1), (float)nb, in.all_finite, bix);
     // A stable counting sort into buckets: positions in id order inside each bucket.
-    uint32_t* cur = off_.get(nb + 2);
-    std::memset(cur, 0, sizeof(uint32_t) * (size_t)(nb + 2));
-    for (int64_t i = 0; i < in.n; ++i) ++cur[bix[i] + 1];   // (bucket nb: not finite, last)
-    for (int k = 0; k < nb; ++k) cur[k + 1] += cur[k];
-    const int64_t n_finite = cur[nb];
-    int32_t* ids = ids_.get(n_finite + 1);
-    float* w = w_.get(n_finite + 1);
-    for (int64_t i = 0; i < in.n; ++i) {
-        const uint16_t b = bix[i];
-        if (b == nb) continue;
-        const uint32_t p = cur[b]++;
-        ids[p] = (int32_t)i;
-        w[p] = in.wa[i];
-    }
-    // cur[k] is now bucket k's end, i.e. bucket k + 1's start: shift back to offsets.
-    for (int k = nb; k > 0; --k) cur[k] = cur[k - 1];
-    cur[0] = 0;
-    std::memset(state_.get(nb), in.rel > 0.0f ? kApprox : kExact, (size_t)nb);
+    uint32_t* off = off_.get(nb + 2);
+    std::memset(off, 0, sizeof(uint32_t) * (size_t)(nb + 2));
+    for (int64_t i = 0; i < in.n; ++i) ++off[bix[i] + 1];   // (bucket nb: not finite, last)
+    for (int k = 0; k < nb; ++k) off[k + 1] += off[k];
+    const int64_t n_finite = off[nb];
+    scatter(in.n, nb, n_finite);
+    std::memset(state_.get(nb), kApprox, (size_t)nb);
 
     // The top-p sum in sorted order, bucket by bucket.
     float s = 0.0f;

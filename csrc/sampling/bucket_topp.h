@@ -48,6 +48,7 @@ private:
     void make_exact(int k);
     void sort_bucket(int k);
     void exact_weights(const int32_t* ids, int64_t m, float* out);
+    void scatter(int64_t n, int nb, int64_t n_finite);
 
     template <class T>
     struct Buf {   // scratch that grows and is never initialised (filled right after)
@@ -69,9 +70,10 @@ private:
     Buf<uint32_t> off_;     // bucket k holds positions [off_[k], off_[k + 1])
     Buf<uint8_t> state_;
     Buf<int32_t> ids_;      // positions: ids, in id order inside a bucket unless sorted
-    Buf<float> w_;          // positions: wa (kApprox) or the exact weight (kExact, kSorted)
+    Buf<float> w_;          // positions: the exact weight (kExact, kSorted; kApprox reads wa by id)
     Buf<float> vals_, x_;
     Buf<uint64_t> keys_;
+    Buf<uint32_t> cur_;
     int stop_bucket_ = 0;
     int64_t kept_ = 0;
     float sum_ = 0.0f;
