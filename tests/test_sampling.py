@@ -949,15 +949,18 @@ def _check_buckets(a, w, total, top_p, rs, buckets, wa=None, rel=0.0):
 def test_bucket_sum_at_the_top_of_a_binade(rel):
     # A running sum 2^24 - 1 units (unit 1), then one bucket {0.75, 1.25}: 2 units would end at
     # 2^24 + 1, past the binade; the grid there is 2 and the sorted loop gives 2^24 + 2, a unit
-    # count 2^24 + 1 -> 2^24. The bucket must be sorted (S + R < 2^24 is the bound).
-    a = [1.0, 0.0, -0.0001, -5.0]
-    w = [16777215.0, 0.75, 1.25, 2.0**25]
+    # count 2^24 + 1 -> 2^24. The bucket must be sorted (S + R < 2^24 is the bound). The next
+    # terms 1 and 2^24 carry the difference to the stop's sum (2^25 + 4 against 2^25).
+    a = [1.0, 0.0, -0.0001, -2.5, -5.0]
+    w = [16777215.0, 0.75, 1.25, 1.0, 2.0**24]
     assert F(F(F(w[0]) + F(w[1])) + F(w[2])) == F(2**24 + 2)
-    for total in (5e7, 4e7):
-        _check_buckets(a, w, total, 0.9, [F(u) * F(5e7) for u in (0.1, 0.33, 0.3355, 0.9)], 4096, rel=rel)
+    assert _plain_seq(w)[-1] == F(2**25 + 4) and F(F(F(2**24) + F(1)) + F(2**24)) == F(2**25)
+    rs = [F(u) * F(2**25 + 4) for u in (0.1, 0.4999999, 0.5, 0.5000001, 0.9)]
+    for total in (4e7, 3.6e7):
+        _check_buckets(a, w, total, 0.8, rs, 4096, rel=rel)
     # the same one unit lower: S + R = 2^24 - 1 + 1 stays inside and is added as a count
-    w2 = [16777214.0, 0.75, 0.25, 2.0**25]
-    _check_buckets(a, w2, 5e7, 0.9, [F(1.6e7)], 4096, rel=rel)
+    w2 = [16777214.0, 0.75, 0.25, 1.0, 2.0**24]
+    _check_buckets(a, w2, 4e7, 0.8, rs, 4096, rel=rel)
 
 
 @pytest.mark.parametrize("rel", [0.0, 2.0**-20])
