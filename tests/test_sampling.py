@@ -1047,11 +1047,11 @@ class _BucketsAlways:
     """The bucket branch for every min_p 0, top_p < 1 selection (its size threshold set to 0)."""
 
     def __enter__(self):
-        self.old = _core()._bucket_top_p_min_mass()
-        _core()._set_bucket_top_p_min_mass(0.0)
+        self.old = _core()._bucket_top_p_min_kept()
+        _core()._set_bucket_top_p_min_kept(0.0)
 
     def __exit__(self, *exc):
-        _core()._set_bucket_top_p_min_mass(self.old)
+        _core()._set_bucket_top_p_min_kept(self.old)
 
 
 @given(st.integers(0, 2**32), st.sampled_from([129280, 20000, 3001, 200]),
@@ -1074,9 +1074,10 @@ def test_sampler_bucket_branch_equals_plain_reference(seed, n, kind, t, top_p):
 @pytest.mark.parametrize("kind", ["flat", "peaked"])
 @pytest.mark.parametrize("t, top_p", [(100.0, 0.9), (100.0, 0.5), (7.0, 0.9), (100.0, 0.99)])
 def test_sampler_bucket_branch_at_its_default_threshold(kind, t, top_p):
-    # The bench's rows at the default threshold (top_p * total > 16384: the branch runs).
+    # The bench's rows at the default threshold (at least 40,000 kept tokens: the branch runs,
+    # decided by top_p * total at T 100, by the estimate from the top-p weight threshold at T 7).
     logits = _vocab_logits(11, 129_280, kind)
-    assert _core()._bucket_top_p_min_mass() == 16384.0
+    assert _core()._bucket_top_p_min_kept() == 40000.0
     for draw in range(4):
         a, b = Rng(draw), Rng(draw)
         assert sample(logits, t, 0, top_p, 0.0, a) == plain_sample(logits, t, 0, top_p, 0.0, b)

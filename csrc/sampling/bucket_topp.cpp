@@ -32,7 +32,7 @@ namespace {
 
 constexpr float kShifter = 0x1.8p23f;   // y + 1.5 * 2^23 rounds 0 <= y < 2^22 to an integer
 
-std::atomic<float> g_min_mass{16384.0f};
+std::atomic<float> g_min_kept{40000.0f};
 
 // b = fl(fl(hi - l) * scale) clamped to top, the index of logit l's bucket: monotone in l (a
 // rounded subtraction and a rounded product by a positive constant never reverse an order), and
@@ -99,8 +99,15 @@ inline bool in_model(float s) { return s >= binade::kModelMin && s <= binade::kM
 
 }  // namespace
 
-float bucket_top_p_min_mass() { return g_min_mass.load(std::memory_order_relaxed); }
-void set_bucket_top_p_min_mass(float v) { g_min_mass.store(v, std::memory_order_relaxed); }
+float bucket_top_p_min_kept() { return g_min_kept.load(std::memory_order_relaxed); }
+void set_bucket_top_p_min_kept(float v) { g_min_kept.store(v, std::memory_order_relaxed); }
+
+DS4_BUCKET_HOT int64_t estimate_count_at_least(const float* w, int64_t n, float c) {
+    int64_t k = 0;
+    for (int64_t b = 0; b + 16 <= n; b += 64)
+        for (int j = 0; j < 16; ++j) k += w[b + j] >= c;
+    return 4 * k;
+}
 
 void BucketTopP::exact_weights(const int32_t* ids, int64_t m, float* out) {
     if (in_.w_exact) {

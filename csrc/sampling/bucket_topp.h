@@ -79,9 +79,14 @@ private:
     float sum_ = 0.0f;
 };
 
-// Whether the sampler takes the bucket branch: top_p * total above this (every weight is at most
-// 1, so at least that many tokens are kept). Default 16384; tests lower it, inf switches it off.
-float bucket_top_p_min_mass();
-void set_bucket_top_p_min_mass(float v);
+// Whether the sampler takes the bucket branch: when at least this many tokens are kept (default
+// 40,000; below that, sorting the prefix costs less). Certain when top_p * total exceeds it (every
+// weight is at most 1), else estimated from the top-p weight threshold (estimate_count_at_least).
+// Tests set 0 (always), inf switches the branch off.
+float bucket_top_p_min_kept();
+void set_bucket_top_p_min_kept(float v);
+
+// About how many w[i] >= c: every fourth block of 16 counted, times 4 (a guide only).
+int64_t estimate_count_at_least(const float* w, int64_t n, float c);
 
 }  // namespace ds4

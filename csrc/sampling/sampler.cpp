@@ -382,15 +382,13 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
 
     // Sorted branch: a sorted prefix that the filters stop inside decides; grow it until one does.
     // Prefixes are taken by logit (logit_floor), so equal logits are never split.
-    // min_p 0 with a top-p prefix of many tokens (each weighs at most 1): the bucket partition
-    // sorts only the few buckets where the order can change a bit (bucket_topp.h).
-    if (need_mass && (double)top_p * (double)total > (double)bucket_top_p_min_mass()) {
-        const BucketTopPInput in{a, n, m, lowest, all_finite, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
-        if (bucket_.select(in)) {
-            c_ = Candidates{true, c_.no_draw, bucket_.last(), bucket_.ids(), nullptr, bucket_.count(), bucket_.sum()};
-            c_.buckets = &bucket_;
-            return;
-        }
+    // min_p 0 with a top-p prefix of many tokens: the bucket partition sorts only the few buckets
+    // where the order can change a bit (bucket_topp.h). Certainly many (each weighs at most 1):
+    const float min_kept = bucket_top_p_min_kept();
+    bool buckets_tried = false;
+    if (need_mass && (double)top_p * (double)total > (double)min_kept) {
+        buckets_tried = true;
+        if (select_buckets(a, n, m, lowest, all_finite, t, total, top_p)) return;
     }
     bool done = false;
     if (min_p > 0.0f) {
@@ -412,6 +410,12 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // contains the stop; filter_sorted checks that it does, else the pools below decide.
         // A second, 4x lower guess covers an unlucky estimate before the pools take over.
         float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_, w_);
+        // About as many tokens are kept as weigh >= c; more than min_kept only if c is small
+        // enough for that many to hold no more than about top_p of the total (then counted).
+        if (!buckets_tried && c > 0.0f && (double)c * min_kept < 1.25 * (double)top_p * (double)total &&
+            (double)estimate_count_at_least(wall_.data(), n, c) > (double)min_kept &&
+            select_buckets(a, n, m, lowest, all_finite, t, total, top_p))
+            return;
         for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
             collect_logits_at_least(a, n, logit_floor(m, t, c));
             sort_candidates(a);
@@ -431,6 +435,15 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         done = filter_sorted(total, top_p, min_p, false);
     }
     c_ = Candidates{true, c_.no_draw, ids_[c_.count - 1], ids_.data(), w_.data(), c_.count, c_.sum};
+}
+
+bool Sampler::select_buckets(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float total,
+                             float top_p) {
+    const BucketTopPInput in{a, n, m, lowest, all_finite, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
+    if (!bucket_.select(in)) return false;
+    c_ = Candidates{true, c_.no_draw, bucket_.last(), bucket_.ids(), nullptr, bucket_.count(), bucket_.sum()};
+    c_.buckets = &bucket_;
+    return true;
 }
 
 void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, float t, bool all_finite) {
