@@ -996,7 +996,7 @@ def _bucket_case(kind, g, n):
         return a, w
     if kind == "crossing":   # few buckets, growing weights: many binades inside one bucket
         a = np.sort(g.normal(0, 1, n))[::-1].astype(np.float32)
-        w = (1e-3 * 1.01 ** np.arange(n) * g.uniform(0.5, 1.5, n)).astype(np.float32)[::-1].copy()
+        w = (np.geomspace(1e-6, 1e3, n) * g.uniform(0.5, 1.5, n)).astype(np.float32)[::-1].copy()
         return a, w
     if kind == "denormal":   # sums below 2^-126, where the grid no longer follows the binade
         a = g.normal(0, 1, n).astype(np.float32)
@@ -1062,11 +1062,17 @@ def test_sampler_bucket_branch_equals_plain_reference(seed, n, kind, t, top_p):
     # probabilities() bits against the plain reference.
     logits = _vocab_logits(seed, n, kind)
     with _BucketsAlways():
+        before = _core()._bucket_top_p_selections()
         for draw in range(3):
             a, b = Rng(seed + draw), Rng(seed + draw)
             assert sample(logits, t, 0, top_p, 0.0, a) == plain_sample(logits, t, 0, top_p, 0.0, b)
             assert a.state == b.state
         got = probabilities(logits, t, 0, top_p, 0.0)
+        # the branch decided (it steps aside only for equal logits, no finite logit, no stop)
+        kept = _plain_kept(logits, t, 0, top_p, 0.0)
+        fin = logits[np.isfinite(logits)]
+        if kept[0] == "walk" and fin.min() < fin.max() and len(kept[1]) < fin.size:
+            assert _core()._bucket_top_p_selections() == before + 4
     want = plain_probabilities(logits, t, 0, top_p, 0.0)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
@@ -1078,9 +1084,11 @@ def test_sampler_bucket_branch_at_its_default_threshold(kind, t, top_p):
     # decided by top_p * total at T 100, by the estimate from the top-p weight threshold at T 7).
     logits = _vocab_logits(11, 129_280, kind)
     assert _core()._bucket_top_p_min_kept() == 40000.0
+    before = _core()._bucket_top_p_selections()
     for draw in range(4):
         a, b = Rng(draw), Rng(draw)
         assert sample(logits, t, 0, top_p, 0.0, a) == plain_sample(logits, t, 0, top_p, 0.0, b)
         assert a.state == b.state
     got, want = probabilities(logits, t, 0, top_p, 0.0), plain_probabilities(logits, t, 0, top_p, 0.0)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert _core()._bucket_top_p_selections() == before + 5   # every call took the branch

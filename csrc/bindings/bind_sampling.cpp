@@ -119,6 +119,7 @@ void init_sampling(py::module_& m) {
     m.def("_set_bucket_top_p_min_kept", &ds4::set_bucket_top_p_min_kept, py::arg("v"),
           "the sampler's bucket branch runs when more tokens than this are kept (0: always, inf: never)");
     m.def("_bucket_top_p_min_kept", &ds4::bucket_top_p_min_kept);
+    m.def("_bucket_top_p_selections", &ds4::bucket_top_p_selections);
     m.def("set_sampling_threads", &ds4::set_sampling_threads, py::arg("n"),
           "let the sampler split its whole-vocabulary passes over the global pool (1: one thread)");
     m.def("sampling_threads", &ds4::sampling_threads);

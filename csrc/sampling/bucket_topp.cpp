@@ -33,6 +33,7 @@ namespace {
 constexpr float kShifter = 0x1.8p23f;   // y + 1.5 * 2^23 rounds 0 <= y < 2^22 to an integer
 
 std::atomic<float> g_min_kept{40000.0f};
+std::atomic<int64_t> g_selections{0};
 
 // b = fl(fl(hi - l) * scale) clamped to top, the index of logit l's bucket: monotone in l (a
 // rounded subtraction and a rounded product by a positive constant never reverse an order), and
@@ -101,6 +102,7 @@ inline bool in_model(float s) { return s >= binade::kModelMin && s <= binade::kM
 
 float bucket_top_p_min_kept() { return g_min_kept.load(std::memory_order_relaxed); }
 void set_bucket_top_p_min_kept(float v) { g_min_kept.store(v, std::memory_order_relaxed); }
+int64_t bucket_top_p_selections() { return g_selections.load(std::memory_order_relaxed); }
 
 DS4_BUCKET_HOT int64_t estimate_count_at_least(const float* w, int64_t n, float c) {
     int64_t k = 0;
@@ -208,6 +210,7 @@ bool BucketTopP::select(const BucketTopPInput& in) {
             stop_bucket_ = k;
             kept_ = b0 + hit + 1;
             sum_ = s;
+            g_selections.fetch_add(1, std::memory_order_relaxed);
             return true;
         }
     }

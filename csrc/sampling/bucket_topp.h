@@ -86,6 +86,9 @@ private:
 float bucket_top_p_min_kept();
 void set_bucket_top_p_min_kept(float v);
 
+// How many selections the bucket partition has decided in this process (tests: that a branch ran).
+int64_t bucket_top_p_selections();
+
 // About how many w[i] >= c: every fourth block of 16 counted, times 4 (a guide only).
 int64_t estimate_count_at_least(const float* w, int64_t n, float c);
 
