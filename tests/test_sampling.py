@@ -1092,3 +1092,24 @@ def test_sampler_bucket_branch_at_its_default_threshold(kind, t, top_p):
     got, want = probabilities(logits, t, 0, top_p, 0.0), plain_probabilities(logits, t, 0, top_p, 0.0)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert _core()._bucket_top_p_selections() == before + 5   # every call took the branch
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "nonfinite", "ties"])
+def test_sampler_bucket_branch_with_two_sampler_threads(kind):
+    # With two sampler threads the total's approximate weights come from the pool's pass
+    # (binade_sum_avx512.cpp, total_parallel): the bucket branch reads them the same way.
+    from ds4.sampling import set_sampler_threads
+
+    logits = _vocab_logits(5, 129_280, kind)
+    set_sampler_threads(2)
+    try:
+        with _BucketsAlways():
+            before = _core()._bucket_top_p_selections()
+            for t, top_p in ((100.0, 0.9), (3.0, 0.95), (1.0, 0.5)):
+                for draw in range(2):
+                    a, b = Rng(draw), Rng(draw)
+                    assert sample(logits, t, 0, top_p, 0.0, a) == plain_sample(logits, t, 0, top_p, 0.0, b)
+                    assert a.state == b.state
+            assert _core()._bucket_top_p_selections() == before + 6
+    finally:
+        set_sampler_threads(1)
