@@ -54,7 +54,7 @@ def main() -> int:
 
     if not _core.op_timeline_wanted():
         raise SystemExit("DS4_OP_TIMELINE=1 must be set before ds4 is imported")
-    path = Path(args.model) if Path(args.model).exists() else ds4.testing.cached_model(args.model)
+    path = Path(args.model) if Path(args.model).is_file() else ds4.testing.cached_model(args.model)
     eng = ds4.Engine(path, threads=args.threads)
     s = eng.session(ctx=args.prompt + args.warmup + args.steps + 8)
     rng = np.random.default_rng(0)
