@@ -113,10 +113,14 @@ inline __mmask16 block_units(__m512 y, float rel, float ymax, __m512i& d) {
 // exp_weights(x) of arguments x. Logits: the weights of logits a, whose arguments fl(fl(a - m) / t)
 // (-inf where a is not finite: shifted_args) are computed as they are read, so the whole-vocabulary
 // passes read the logits once and write no argument array (docs/sampling.md).
+// Approximate sources also give load_approx (the arguments the approximate weights are taken of)
+// and rel (the relative bound those approximations keep against the exact weights).
 struct Weights {
     static constexpr bool kApprox = false;
     const float* w;
     __m512 load(int64_t i) const { return _mm512_loadu_ps(w + i); }
+    __m512 load_approx(int64_t i) const { return load(i); }
+    float rel() const { return 0.0f; }
     void copy(int64_t i, int64_t m, float* out) const { std::memcpy(out, w + i, sizeof(float) * m); }
 };
 
@@ -124,6 +128,8 @@ struct Args {
     static constexpr bool kApprox = true;
     const float* x;
     __m512 load(int64_t i) const { return _mm512_loadu_ps(x + i); }
+    __m512 load_approx(int64_t i) const { return load(i); }
+    float rel() const { return kApproxWeightRel; }
     void copy(int64_t i, int64_t m, float* out) const { std::memcpy(out, x + i, sizeof(float) * m); }
 };
 
@@ -135,20 +141,36 @@ struct Logits {
     // Logits below this weigh exactly 0 (their arguments are below -105); -inf when no logit is
     // (then no span is tested for zero weights: the test would only cost).
     float zero_below;
-    __m512 args(__m512 v) const {
+    template <bool kReciprocal = false>
+    __m512 args(__m512 v, float inv_t = 0.0f) const {
         __m512 d = _mm512_sub_ps(v, _mm512_set1_ps(m));
-        if (t != 1.0f) d = _mm512_div_ps(d, _mm512_set1_ps(t));
+        if (kReciprocal) {
+            d = _mm512_mul_ps(d, _mm512_set1_ps(inv_t));
+        } else if (t != 1.0f) {
+            d = _mm512_div_ps(d, _mm512_set1_ps(t));
+        }
         if (all_finite) return d;
         const __mmask16 fin = _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_EQ_OQ);
         return _mm512_mask_blend_ps(fin, _mm512_set1_ps(-__builtin_inff()), d);
     }
     __m512 load(int64_t i) const { return args(_mm512_loadu_ps(a + i)); }
+    __m512 load_approx(int64_t i) const { return load(i); }
+    float rel() const { return kApproxWeightRel; }
     void copy(int64_t i, int64_t m_, float* out) const {
         for (int64_t j = 0; j < m_; j += kLanes) {
             const __mmask16 in = m_ - j >= kLanes ? (__mmask16)0xFFFF : (__mmask16)((1u << (m_ - j)) - 1);
             _mm512_mask_storeu_ps(out + j, in, args(_mm512_maskz_loadu_ps(in, a + i + j)));
         }
     }
+};
+
+// The same logits at a temperature other than 1 whose approximate weights take their arguments as
+// fl(fl(a - m) * inv_t) instead of the division (the slowest step of a pass) and keep the wider
+// bound approx_rel (reciprocal_weight_rel, binade_sum.h); exact weights still divide.
+struct LogitsRcp : Logits {
+    float inv_t, approx_rel;
+    __m512 load_approx(int64_t i) const { return args<true>(_mm512_loadu_ps(a + i), inv_t); }
+    float rel() const { return approx_rel; }
 };
 
 // The units of `blocks` blocks of 16 from index i0 at scale inv_u, or false when a rounding is
@@ -165,10 +187,10 @@ bool units_of(const Src& src, int64_t i0, const float* wa, float* wa_out, int bl
             if (block_units(_mm512_mul_ps(src.load(i0 + k), scale), 0.0f, kExactUnitsMax, d_all) != 0xFFFF) return false;
             continue;
         }
-        const __m512 w = wa ? _mm512_loadu_ps(wa + i0 + k) : approx_exp(src.load(i0 + k));
+        const __m512 w = wa ? _mm512_loadu_ps(wa + i0 + k) : approx_exp(src.load_approx(i0 + k));
         if (wa_out) _mm512_storeu_ps(wa_out + i0 + k, w);
         __m512i d = _mm512_setzero_si512();
-        if (block_units(_mm512_mul_ps(w, scale), kApproxWeightRel, kApproxUnitsMax, d) != 0xFFFF) {
+        if (block_units(_mm512_mul_ps(w, scale), src.rel(), kApproxUnitsMax, d) != 0xFFFF) {
             src.copy(i0 + k, kLanes, xb);
             exp_weights(xb, wb, kLanes);
             const __m512 we = _mm512_load_ps(wb);
@@ -182,16 +204,17 @@ bool units_of(const Src& src, int64_t i0, const float* wa, float* wa_out, int bl
     return true;
 }
 
-// round(y) for approximate y within y * kApproxWeightRel (plus 2^-40) of the exact value: the
+// round(y) for approximate y within y * rel (kApproxWeightRel, or a source's wider bound; plus
+// 2^-40) of the exact value: the
 // lanes where it is certain, and (into acc, as float bits of 1.5 * 2^23 + round) its value. The
 // bounds y(1 -+ rel) are rounded to integers by adding 1.5 * 2^23 in the fused multiply-add; the
 // exact y lies strictly between them, so when both round to the same integer (whichever way a
 // tie of a bound went) that integer is round(y) and y is not a half-integer. Bounds from 2^22 up
 // differ by more than the grid step there: never certain, so certain lanes add < 2^22 units.
-inline __mmask16 approx_round(__m512 y, __m512i& acc) {
+inline __mmask16 approx_round(__m512 y, float rel, __m512i& acc) {
     const __m512 shifter = _mm512_set1_ps(0x1.8p23f);
-    const __m512 hi = _mm512_fmadd_ps(y, _mm512_set1_ps(1.0f + kApproxWeightRel), shifter);
-    const __m512 lo = _mm512_fmadd_ps(y, _mm512_set1_ps(1.0f - kApproxWeightRel), shifter);
+    const __m512 hi = _mm512_fmadd_ps(y, _mm512_set1_ps(1.0f + rel), shifter);
+    const __m512 lo = _mm512_fmadd_ps(y, _mm512_set1_ps(1.0f - rel), shifter);
     acc = _mm512_add_epi32(acc, _mm512_castps_si512(hi));
     return _mm512_cmp_ps_mask(hi, lo, _CMP_EQ_OQ);
 }
@@ -204,14 +227,15 @@ inline __mmask16 approx_round(__m512 y, __m512i& acc) {
 template <class Src>
 bool fast_units(const Src& src, int64_t i0, int blocks, int E, const float* wa, float* wa_out, int32_t& units) {
     const ExpTable tab(E);
+    const float rel = src.rel();
     __m512i acc = _mm512_setzero_si512();
     unsigned bad = 0;
     const __m512 unscale = _mm512_set1_ps(pow2(-E)), scale = _mm512_set1_ps(pow2(E));
     for (int b = 0; b < blocks; ++b) {
         const int64_t i = i0 + b * kLanes;
-        const __m512 y = wa ? _mm512_mul_ps(_mm512_loadu_ps(wa + i), scale) : approx_exp_scaled(src.load(i), tab);
+        const __m512 y = wa ? _mm512_mul_ps(_mm512_loadu_ps(wa + i), scale) : approx_exp_scaled(src.load_approx(i), tab);
         if (wa_out) _mm512_storeu_ps(wa_out + i, _mm512_mul_ps(y, unscale));
-        if (approx_round(y, acc) != 0xFFFF) bad |= 1u << b;
+        if (approx_round(y, rel, acc) != 0xFFFF) bad |= 1u << b;
     }
     // each lane added 1.5 * 2^23's bits once per block: take them off (int32 arithmetic wraps,
     // the true total is small)
@@ -221,7 +245,8 @@ bool fast_units(const Src& src, int64_t i0, int blocks, int E, const float* wa, 
     for (; bad; bad &= bad - 1) {
         const int64_t k = i0 + (int64_t)__builtin_ctz(bad) * kLanes;
         __m512i wrong = _mm512_setzero_si512();
-        approx_round(wa ? _mm512_mul_ps(_mm512_loadu_ps(wa + k), scale) : approx_exp_scaled(src.load(k), tab), wrong);
+        approx_round(wa ? _mm512_mul_ps(_mm512_loadu_ps(wa + k), scale) : approx_exp_scaled(src.load_approx(k), tab), rel,
+                     wrong);
         d -= _mm512_reduce_add_epi32(wrong) - (int32_t)(0x4B400000u * (uint32_t)kLanes);
         src.copy(k, kLanes, xb);
         exp_weights(xb, wb, kLanes);
@@ -252,11 +277,14 @@ bool zero_blocks(const Logits& src, int64_t i0, int blocks) {
     return all == 0xFFFF;
 }
 
+bool zero_blocks(const LogitsRcp& src, int64_t i0, int blocks) { return zero_blocks((const Logits&)src, i0, blocks); }
+
 // Whether spans are tested for zero weights before the model: logits that may weigh 0 (low
 // temperatures, peaked logits: long runs of them are skipped at one compare per 16).
 template <class Src>
 bool skips_zeros(const Src&) { return false; }
 bool skips_zeros(const Logits& src) { return src.zero_below > -__builtin_inff(); }
+bool skips_zeros(const LogitsRcp& src) { return src.zero_below > -__builtin_inff(); }
 
 // units_of, through fast_units where it applies (approximate terms and a unit of at most 1).
 template <class Src>
@@ -398,7 +426,7 @@ float total_parallel(const Src& x, int64_t n, float* wa, ThreadPool& pool) {
             }
             __m512 acc = _mm512_setzero_ps();
             for (int k = 0; k < chunk; k += kLanes) {
-                const __m512 w = approx_exp(x.load(c * chunk + k));
+                const __m512 w = approx_exp(x.load_approx(c * chunk + k));
                 _mm512_storeu_ps(out + k, w);
                 acc = _mm512_add_ps(acc, w);
             }
@@ -474,6 +502,16 @@ float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, boo
 
 int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, const float* wa, float r) {
     return walk(Logits{a, m, t, all_finite, zero_below}, wa, n, r);
+}
+
+float binade_logit_total_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
+                                    float rel, float* wa) {
+    return total(LogitsRcp{{a, m, t, all_finite, zero_below}, 1.0f / t, rel}, n, wa);
+}
+
+int64_t binade_logit_walk_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
+                                     float rel, const float* wa, float r) {
+    return walk(LogitsRcp{{a, m, t, all_finite, zero_below}, 1.0f / t, rel}, wa, n, r);
 }
 
 // The sum is non-decreasing (terms >= 0, rounding to nearest is monotone) and so is fl(s / total):
