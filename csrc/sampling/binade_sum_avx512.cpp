@@ -60,17 +60,39 @@ inline int exponent_of(float p) {
     return (int)(b >> 23) - 127;
 }
 
+constexpr int32_t exp_entry(int j) { return (int32_t)(__builtin_bit_cast(uint32_t, kExp2Table[j]) - ((uint32_t)j << 18)); }
+
+alignas(64) constexpr int32_t kExpBits[32] = {
+    exp_entry(0),  exp_entry(1),  exp_entry(2),  exp_entry(3),  exp_entry(4),  exp_entry(5),  exp_entry(6),
+    exp_entry(7),  exp_entry(8),  exp_entry(9),  exp_entry(10), exp_entry(11), exp_entry(12), exp_entry(13),
+    exp_entry(14), exp_entry(15), exp_entry(16), exp_entry(17), exp_entry(18), exp_entry(19), exp_entry(20),
+    exp_entry(21), exp_entry(22), exp_entry(23), exp_entry(24), exp_entry(25), exp_entry(26), exp_entry(27),
+    exp_entry(28), exp_entry(29), exp_entry(30), exp_entry(31),
+};   // the bits of 2^(j/32) less j << 18 (E = 0)
+
 struct ExpTable {
     __m512 lo, hi;
+    ExpTable() = default;
     explicit ExpTable(int e) {
-        alignas(64) int32_t t[32];
-        for (int j = 0; j < 32; ++j) {
-            uint32_t b;
-            std::memcpy(&b, &kExp2Table[j], sizeof b);
-            t[j] = (int32_t)(b - ((uint32_t)j << 18) + ((uint32_t)e << 23));
+        const __m512i add = _mm512_set1_epi32((int32_t)((uint32_t)e << 23));
+        lo = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_load_si512(kExpBits), add));
+        hi = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_load_si512(kExpBits + 16), add));
+    }
+};
+
+// The table of the last unit a source's spans used. A sum or walk keeps its unit for many spans,
+// so the next span's exponentials need not wait for the running value that sets the unit (the
+// comparison is a predicted branch, not a data dependency). One per source object: a source is
+// used by one thread at a time (total_parallel's workers use units_of, which has no table).
+struct TableCache {
+    mutable int e = -1000;
+    mutable ExpTable tab{0};
+    const ExpTable& get(int E) const {
+        if (__builtin_expect(E != e, 0)) {
+            tab = ExpTable(E);
+            e = E;
         }
-        lo = _mm512_castsi512_ps(_mm512_load_si512(t));
-        hi = _mm512_castsi512_ps(_mm512_load_si512(t + 16));
+        return tab;
     }
 };
 
@@ -127,6 +149,7 @@ struct Weights {
 struct Args {
     static constexpr bool kApprox = true;
     const float* x;
+    TableCache cache{};
     __m512 load(int64_t i) const { return _mm512_loadu_ps(x + i); }
     __m512 load_approx(int64_t i) const { return load(i); }
     float rel() const { return kApproxWeightRel; }
@@ -141,6 +164,7 @@ struct Logits {
     // Logits below this weigh exactly 0 (their arguments are below -105); -inf when no logit is
     // (then no span is tested for zero weights: the test would only cost).
     float zero_below;
+    TableCache cache{};
     template <bool kReciprocal = false>
     __m512 args(__m512 v, float inv_t = 0.0f) const {
         __m512 d = _mm512_sub_ps(v, _mm512_set1_ps(m));
@@ -226,7 +250,7 @@ inline __mmask16 approx_round(__m512 y, float rel, __m512i& acc) {
 // wa_out (when given) receives them (y scaled back by 2^-E).
 template <class Src>
 bool fast_units(const Src& src, int64_t i0, int blocks, int E, const float* wa, float* wa_out, int32_t& units) {
-    const ExpTable tab(E);
+    const ExpTable& tab = wa ? src.cache.tab : src.cache.get(E);   // (not read when wa is given)
     const float rel = src.rel();
     __m512i acc = _mm512_setzero_si512();
     unsigned bad = 0;
@@ -289,7 +313,9 @@ bool skips_zeros(const LogitsRcp& src) { return src.zero_below > -__builtin_inff
 // units_of, through fast_units where it applies (approximate terms and a unit of at most 1).
 template <class Src>
 bool span_units(const Src& src, int64_t i0, const float* wa, float* wa_out, int blocks, binade::Unit b, int32_t& d) {
-    if (Src::kApprox && b.inv_u >= 1.0f) return fast_units(src, i0, blocks, exponent_of(b.inv_u), wa, wa_out, d);
+    if constexpr (Src::kApprox) {
+        if (b.inv_u >= 1.0f) return fast_units(src, i0, blocks, exponent_of(b.inv_u), wa, wa_out, d);
+    }
     return units_of(src, i0, wa, wa_out, blocks, b.inv_u, d);
 }
 
