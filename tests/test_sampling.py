@@ -981,3 +981,21 @@ def test_reciprocal_total_and_walk_are_the_plain_loops(kind, t):
     if kind == "flat" and t == 100.0 and core._approx_weight_rel() < 2.0**-10:
         assert rel > 0
         assert not _f32_bits_equal(core._binade_logit_total_rcp(logits, m, F(t), lowest, F(2.0**-26)), total)
+
+
+def test_reciprocal_total_divides_for_exact_weights():
+    # Only the approximations take the reciprocal: a term the certificate leaves open, and the
+    # plain loop of a short tail, use the exact weight of the divided argument. Two-token
+    # vocabularies run entirely through that path, and their sums see a one-ulp change of the
+    # second weight half the time. Caught (tried): exact weights of the reciprocal argument.
+    core = _core()
+    g = np.random.default_rng(33)
+    for t in (100.0, 7.0):
+        diffs = 0
+        for l in (g.uniform(-3, 0, 1500) * t).astype(np.float32):
+            logits = np.array([0.0, l], dtype=np.float32)
+            rel = core._reciprocal_weight_rel(F(0), F(t), F(l))
+            x = np.array([0.0, l / F(t)], dtype=np.float32)
+            diffs += not _f32_bits_equal(core._binade_logit_total_rcp(logits, F(0), F(t), F(l), rel),
+                                         _plain_sum(core._exp_weights(x)))
+        assert diffs == 0, (t, diffs)
