@@ -153,3 +153,27 @@ def test_mass_in_catches_a_dropped_tail(path):
     want = 19 * 0.75 + 0.25
     assert abs(got - want) <= 2.0**-20 * want
     assert abs((got - 0.25) - want) > 2.0**-20 * want
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("step", [1, 2, 3, 4])
+def test_mass_in_over_many_blocks(path, step):
+    """Long enough for the vector build's four chains (four sampled blocks per iteration) and the
+    remainder after them. Quarter-integer weights keep every float32 partial sum exact, so the
+    estimate must equal the float64 sum of the sampled blocks: a block read twice or skipped is
+    caught (tried: the fourth chain reading the third's block)."""
+    g = np.random.default_rng(step)
+    for blocks in (4, 5, 7, 16, 23):
+        for extra in (0, 5, 15):
+            w = g.choice(np.array([0.0, 0.25, 0.5, 1.0, 2.0, 3.75], F), 16 * step * blocks + extra)
+            start = 0
+            terms = []
+            while start + 16 <= w.size:
+                terms.append(w[start:start + 16])
+                start += 16 * step
+            terms.append(w[start:])   # the scalar tail: every entry from there
+            terms = np.concatenate(terms)
+            want = float(terms[(terms >= 0.5) & (terms < 3.0)].astype(np.float64).sum()) * step
+            with simd_path(path):
+                got = core._mass_in(w, 0.5, 3.0, step)
+            assert got == want, (path, step, blocks, extra, got, want)
