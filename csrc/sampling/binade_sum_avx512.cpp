@@ -532,7 +532,16 @@ int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bo
 
 float binade_logit_total_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
                                     float rel, float* wa) {
-    return total(LogitsRcp{{a, m, t, all_finite, zero_below}, 1.0f / t, rel}, n, wa);
+    const LogitsRcp src{{a, m, t, all_finite, zero_below}, 1.0f / t, rel};
+    if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
+        static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
+        if (!wa) {
+            guides.resize((size_t)n);
+            wa = guides.data();
+        }
+        return total_parallel(src, n, wa, ThreadPool::global());
+    }
+    return total(src, n, wa);
 }
 
 int64_t binade_logit_walk_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
