@@ -153,3 +153,47 @@ def test_mass_in_catches_a_dropped_tail(path):
     want = 19 * 0.75 + 0.25
     assert abs(got - want) <= 2.0**-20 * want
     assert abs((got - 0.25) - want) > 2.0**-20 * want
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("step", [1, 2, 3, 4])
+def test_mass_in_over_many_blocks(path, step):
+    """Long enough for the vector build's four chains (four sampled blocks per iteration) and the
+    remainder after them. Quarter-integer weights keep every float32 partial sum exact, so the
+    estimate must equal the float64 sum of the sampled blocks: a block read twice or skipped is
+    caught (tried: the fourth chain reading the third's block)."""
+    g = np.random.default_rng(step)
+    for blocks in (4, 5, 7, 16, 23):
+        for extra in (0, 5, 15):
+            w = g.choice(np.array([0.0, 0.25, 0.5, 1.0, 2.0, 3.75], F), 16 * step * blocks + extra)
+            start = 0
+            terms = []
+            while start + 16 <= w.size:
+                terms.append(w[start:start + 16])
+                start += 16 * step
+            terms.append(w[start:])   # the scalar tail: every entry from there
+            terms = np.concatenate(terms)
+            want = float(terms[(terms >= 0.5) & (terms < 3.0)].astype(np.float64).sum()) * step
+            with simd_path(path):
+                got = core._mass_in(w, 0.5, 3.0, step)
+            assert got == want, (path, step, blocks, extra, got, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(64, 700),
+       density=st.sampled_from([0.0, 0.003, 0.03, 0.3, 1.0]))
+def test_collect_finite_at_least_over_many_groups(seed, n, density):
+    """The vector build tests four vectors (64 entries) per branch and stores all four when any
+    passes: long arrays where whole groups pass nothing, a few entries or everything, with inf and
+    NaN among them. Caught (tried): the ids not advanced by all 64 over a group that passes nothing."""
+    g = np.random.default_rng(seed)
+    a = np.where(g.random(n) < density, F(3.0), F(1.0)).astype(F)
+    a[g.random(n) < 0.01] = np.nan
+    a[g.random(n) < 0.01] = np.inf
+    a[g.random(n) < 0.01] = F(2.0)   # exactly at the floor: kept
+    want = _ids(np.isfinite(a) & (a >= F(2.0)))
+    for path in PATHS:
+        with simd_path(path):
+            ids, vals = core._collect_finite_at_least(a, 2.0)
+        np.testing.assert_array_equal(ids, want, err_msg=path)
+        np.testing.assert_array_equal(vals.view(np.uint32), a[want].view(np.uint32), err_msg=path)

@@ -87,6 +87,17 @@ void init_sampling(py::module_& m) {
               return out;
           }, py::arg("x"));
     m.def("_approx_weight_rel", []() { return ds4::kApproxWeightRel; });
+    // The whole vocabulary's total and walk with reciprocal-argument approximations (rel from
+    // _reciprocal_weight_rel; 0 falls back to the divided arguments), and that bound.
+    m.def("_reciprocal_weight_rel", &ds4::reciprocal_weight_rel, py::arg("m"), py::arg("t"), py::arg("lowest"));
+    m.def("_binade_logit_total_rcp",
+          [](const Logits& a, float m, float t, float lowest, float rel) {
+              return ds4::binade_logit_total_rcp(a.data(), a.size(), m, t, false, lowest, rel, nullptr);
+          }, py::arg("logits"), py::arg("m"), py::arg("t"), py::arg("lowest"), py::arg("rel"));
+    m.def("_binade_logit_walk_rcp",
+          [](const Logits& a, float m, float t, float lowest, float rel, float r) {
+              return ds4::binade_logit_walk_rcp(a.data(), a.size(), m, t, false, lowest, rel, nullptr, r);
+          }, py::arg("logits"), py::arg("m"), py::arg("t"), py::arg("lowest"), py::arg("rel"), py::arg("r"));
     // The whole-vocabulary scans (tests/test_sampling_scans.py compares them with numpy on every
     // SIMD path; the vector builds hand their last <16 entries to the scalar loops).
     m.def("_collect_finite_at_least", [](const Logits& a, float floor) {
