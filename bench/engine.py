@@ -66,7 +66,7 @@ def main() -> int:
     import ds4
     import ds4.testing
 
-    path = Path(args.model) if Path(args.model).exists() else ds4.testing.cached_model(args.model, experts=args.experts)
+    path = Path(args.model) if Path(args.model).is_file() else ds4.testing.cached_model(args.model, experts=args.experts)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     eng = ds4.Engine(path, backend=args.backend, threads=args.threads)
     vocab = eng.shape.n_vocab

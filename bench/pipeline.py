@@ -126,7 +126,7 @@ def main() -> int:
     from ds4.distributed import PipelineEngine
     from ds4.stages import Pipeline
 
-    path = Path(args.model) if Path(args.model).exists() else ds4.testing.cached_model(args.model)
+    path = Path(args.model) if Path(args.model).is_file() else ds4.testing.cached_model(args.model)
     info = ds4.inspect(path)
     shape = info.shape
     toks = np.random.default_rng(0).integers(0, shape.n_vocab, args.prompt).tolist()

@@ -5,6 +5,7 @@ frequency tests."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1113,3 +1114,110 @@ def test_sampler_bucket_branch_with_two_sampler_threads(kind):
             assert _core()._bucket_top_p_selections() == before + 6
     finally:
         set_sampler_threads(1)
+
+
+# ---- the fourth round of issue 14: a certified exponential, reciprocal arguments at T != 1 -------
+
+
+def test_exp_weights_near_float_midpoints():
+    # exp_weights' AVX-512 build takes a cheaper double evaluation wherever it can certify the
+    # float rounding (csrc/sampling/exp_certified_avx512.h; docs/sampling.md). These are all 1,040
+    # arguments in [-87, 0] whose exact double lies within 2^10 double ulps of a float rounding
+    # midpoint, where a certificate too narrow or an evaluation less accurate shows first; each
+    # fills a whole vector of 8 (an uncertain neighbour would send the vector to the exact path).
+    # Bit for bit the scalar evaluation. Caught (tried): the certificate's window cut from 2^13 to
+    # 2^4 ulps (27 of 1,040 differ), a degree-4 polynomial (96), ln2/16's low part dropped (199).
+    # (Every float argument in [-105, 0] was checked once: scripts/check_exp_certified.cpp.)
+    path = Path(__file__).parent / "data" / "exp_near_midpoints.txt"
+    bits = np.array([int(line, 16) for line in path.read_text().split()], dtype=np.uint32)
+    assert bits.size == 1040
+    x = np.repeat(bits.view(np.float32), 8)
+    got, want = _core()._exp_weights(x).view(np.uint32), _scalar_exp_weights(x).view(np.uint32)
+    assert np.array_equal(got, want), f"{np.count_nonzero(got != want) // 8} arguments differ"
+
+
+def _approximates() -> bool:
+    """Whether this build's sums approximate weights (the AVX-512 sampling loops run here)."""
+    probe = np.linspace(-10, 0, 1000, dtype=np.float32)
+    return not np.array_equal(_core()._approx_exp_weights(probe), _core()._exp_weights(probe))
+
+
+def _rcp_case(t, kind, seed, n=129_280):
+    logits = _vocab_logits(seed, n, kind)
+    fin = logits[np.isfinite(logits)]
+    return logits, F(fin.max()), F(fin.min())
+
+
+@pytest.mark.parametrize("t", [100.0, 7.0, 3.0, 1.5, 0.7])
+def test_reciprocal_argument_weights_stay_within_their_bound(t):
+    # At T != 1 the whole vocabulary's approximate weights take the argument as
+    # fl(fl(a - m) * fl(1/t)) instead of fl(fl(a - m) / t) when the arguments span at most 4; the
+    # certificate then uses _reciprocal_weight_rel, which must bound approx(x') against the exact
+    # weight of the divided argument. Arguments here reach -4, the widest allowed; a span just
+    # above it gets 0 (no reciprocal). Measured: up to 0.65 * 2^-20 against a bound of 2 * 2^-20
+    # (2^-20 plus 4 * 2^-24 * span, on a 2^-23 grid; the proof's margin: docs/sampling.md).
+    core = _core()
+    g = np.random.default_rng(int(t * 10))
+    m = F(g.normal(0, 3))
+    span = F(3.99 * t)
+    a = np.concatenate([m - g.uniform(0, 1, 400_000) * span, m - (1 - g.uniform(0, 1e-3, 100_000)) * span,
+                        [m, m - span]]).astype(np.float32)
+    lowest = F(a.min())
+    rel = core._reciprocal_weight_rel(m, F(t), lowest)
+    if not _approximates():
+        assert rel == 0   # a build without the AVX-512 sampling loops: no approximations, no reciprocal
+        return
+    assert 0 < rel <= 2.25 * core._approx_weight_rel()
+    assert core._reciprocal_weight_rel(m, F(t), F(m - 4.01 * t)) == 0
+    assert core._reciprocal_weight_rel(m, F(1), lowest) == 0
+    d = (a - m).astype(np.float32)
+    x_exact = (d / F(t)).astype(np.float32)
+    x_rcp = (d * (F(1) / F(t))).astype(np.float32)
+    exact = core._exp_weights(x_exact).astype(np.float64)
+    err = np.abs(core._approx_exp_weights(x_rcp).astype(np.float64) - exact) / exact
+    assert err.max() <= rel
+    assert err.max() > 0.5 * core._approx_weight_rel()
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "heavy", "nonfinite", "denormal", "ties"])
+@pytest.mark.parametrize("t", [100.0, 7.0, 1.5])
+def test_reciprocal_total_and_walk_are_the_plain_loops(kind, t):
+    # The whole vocabulary's total and walk with reciprocal-argument approximations return the
+    # plain loops' values over the exact weights of the divided arguments, bit for bit; with rel 0
+    # (a span too wide) they divide. A certificate too narrow for those approximations (2^-26)
+    # does give a different total on T 100's flat logits: the comparison can see the difference.
+    core = _core()
+    seed = 1400 + int(t)
+    logits, m, lowest = _rcp_case(t, kind, seed)
+    rel = core._reciprocal_weight_rel(m, F(t), lowest)
+    d = (logits - m).astype(np.float32)
+    x = np.where(np.isfinite(logits), (d / F(t)).astype(np.float32), -np.inf).astype(np.float32)
+    w = core._exp_weights(x)
+    total = _plain_sum(w)
+    assert _f32_bits_equal(core._binade_logit_total_rcp(logits, m, F(t), lowest, rel), total), (kind, t, rel)
+    g = np.random.default_rng(seed)
+    for r in (F(1e-30), F(g.random()) * total, F(g.random()) * total, total, F(g.random() * 1e-3) * total):
+        run = np.cumsum(np.concatenate([[F(r)], -w]).astype(np.float32), dtype=np.float32)[1:]
+        hit = np.flatnonzero(run <= 0)
+        assert core._binade_logit_walk_rcp(logits, m, F(t), lowest, rel, F(r)) == (int(hit[0]) if hit.size else -1)
+    if kind == "flat" and t == 100.0 and _approximates():
+        assert rel > 0
+        assert not _f32_bits_equal(core._binade_logit_total_rcp(logits, m, F(t), lowest, F(2.0**-26)), total)
+
+
+def test_reciprocal_total_divides_for_exact_weights():
+    # Only the approximations take the reciprocal: a term the certificate leaves open, and the
+    # plain loop of a short tail, use the exact weight of the divided argument. Two-token
+    # vocabularies run entirely through that path, and their sums see a one-ulp change of the
+    # second weight half the time. Caught (tried): exact weights of the reciprocal argument.
+    core = _core()
+    g = np.random.default_rng(33)
+    for t in (100.0, 7.0):
+        diffs = 0
+        for l in (g.uniform(-3, 0, 1500) * t).astype(np.float32):
+            logits = np.array([0.0, l], dtype=np.float32)
+            rel = core._reciprocal_weight_rel(F(0), F(t), F(l))
+            x = np.array([0.0, l / F(t)], dtype=np.float32)
+            diffs += not _f32_bits_equal(core._binade_logit_total_rcp(logits, F(0), F(t), F(l), rel),
+                                         _plain_sum(core._exp_weights(x)))
+        assert diffs == 0, (t, diffs)

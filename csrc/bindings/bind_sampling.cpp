@@ -17,6 +17,7 @@
 #include "sampling/bucket_topp.h"
 #include "sampling/exp_weights.h"
 #include "sampling/sampler.h"
+#include "sampling/scan.h"
 
 namespace py = pybind11;
 
@@ -120,6 +121,55 @@ void init_sampling(py::module_& m) {
           "the sampler's bucket branch runs when more tokens than this are kept (0: always, inf: never)");
     m.def("_bucket_top_p_min_kept", &ds4::bucket_top_p_min_kept);
     m.def("_bucket_top_p_selections", &ds4::bucket_top_p_selections);
+    // The whole vocabulary's total and walk with reciprocal-argument approximations (rel from
+    // _reciprocal_weight_rel; 0 falls back to the divided arguments), and that bound.
+    m.def("_reciprocal_weight_rel", &ds4::reciprocal_weight_rel, py::arg("m"), py::arg("t"), py::arg("lowest"));
+    m.def("_binade_logit_total_rcp",
+          [](const Logits& a, float m, float t, float lowest, float rel) {
+              return ds4::binade_logit_total_rcp(a.data(), a.size(), m, t, false, lowest, rel, nullptr);
+          }, py::arg("logits"), py::arg("m"), py::arg("t"), py::arg("lowest"), py::arg("rel"));
+    m.def("_binade_logit_walk_rcp",
+          [](const Logits& a, float m, float t, float lowest, float rel, float r) {
+              return ds4::binade_logit_walk_rcp(a.data(), a.size(), m, t, false, lowest, rel, nullptr, r);
+          }, py::arg("logits"), py::arg("m"), py::arg("t"), py::arg("lowest"), py::arg("rel"), py::arg("r"));
+    // The whole-vocabulary scans (tests/test_sampling_scans.py compares them with numpy on every
+    // SIMD path; the vector builds hand their last <16 entries to the scalar loops).
+    m.def("_collect_finite_at_least", [](const Logits& a, float floor) {
+              const int64_t n = a.size();
+              std::vector<int32_t> ids((size_t)n + 16);
+              std::vector<float> vals((size_t)n + 16);
+              const int64_t k = ds4::collect_finite_at_least(a.data(), n, floor, ids.data(), vals.data());
+              ids.resize((size_t)k);
+              vals.resize((size_t)k);
+              return py::make_tuple(py::array_t<int32_t>(k, ids.data()), py::array_t<float>(k, vals.data()));
+          }, py::arg("a"), py::arg("floor"));
+    m.def("_collect_above_and_tied", [](const Logits& a, float v, int64_t limit) {
+              const int64_t n = a.size();
+              std::vector<int32_t> above((size_t)n + 16), tied((size_t)std::max<int64_t>(limit, 0) + 16);
+              std::vector<float> vals((size_t)n + 16);
+              int64_t n_tied = 0;
+              const int64_t k = ds4::collect_above_and_tied(a.data(), n, v, above.data(), vals.data(), limit,
+                                                            tied.data(), &n_tied);
+              return py::make_tuple(py::array_t<int32_t>(k, above.data()), py::array_t<float>(k, vals.data()),
+                                    py::array_t<int32_t>(n_tied, tied.data()));
+          }, py::arg("a"), py::arg("v"), py::arg("limit"));
+    m.def("_finite_max", [](const Logits& a) {
+              int64_t n_finite = 0;
+              float lo = 0.0f;
+              const float hi = ds4::finite_max(a.data(), a.size(), &n_finite, &lo);
+              return py::make_tuple(hi, n_finite, lo);
+          }, py::arg("a"));
+    m.def("_shifted_args", [](const Logits& a, float m, float t) {
+              py::array_t<float> out(a.size() + 16);
+              const int64_t c = ds4::shifted_args(a.data(), a.size(), m, t, out.mutable_data());
+              return py::make_tuple(out[py::slice(0, a.size(), 1)], c);
+          }, py::arg("a"), py::arg("m"), py::arg("t"));
+    m.def("_first_ratio_below", [](const Logits& w, float total, float bound) {
+              return ds4::first_ratio_below(w.data(), w.size(), total, bound);
+          }, py::arg("w"), py::arg("total"), py::arg("bound"));
+    m.def("_mass_in", [](const Logits& w, float lo, float hi, int step) {
+              return ds4::mass_in(w.data(), w.size(), lo, hi, step);
+          }, py::arg("w"), py::arg("lo"), py::arg("hi"), py::arg("step"));
     m.def("set_sampling_threads", &ds4::set_sampling_threads, py::arg("n"),
           "let the sampler split its whole-vocabulary passes over the global pool (1: one thread)");
     m.def("sampling_threads", &ds4::sampling_threads);

@@ -11,6 +11,7 @@ void init_hooks(py::module_& m);
 void init_sampling(py::module_& m);
 void init_stage(py::module_& m);
 void init_backend_ops(py::module_& m);
+void init_timeline(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "ds4 compiled core (internal; use the ds4 package API)";
@@ -22,4 +23,5 @@ PYBIND11_MODULE(_core, m) {
     init_sampling(m);
     init_stage(m);
     init_backend_ops(m);
+    init_timeline(m);
 }

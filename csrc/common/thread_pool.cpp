@@ -26,6 +26,7 @@
 #endif
 
 #include "common/errors.h"
+#include "common/op_timeline.h"
 
 namespace ds4 {
 
@@ -113,6 +114,11 @@ struct ThreadPool::Impl {
         int refs = 0;          // guarded by mu
         std::atomic<bool> complete{false};  // set under mu once finished == n_tasks and refs == 0
         std::exception_ptr error;
+        // Hand-off figures for the op timeline (common/op_timeline.h), only when `timed`.
+        bool timed = false;
+        int64_t first_helper_range = 0;  // guarded by mu: steady ns when a helper began its first range
+        int64_t helper_ns = 0;           // guarded by mu: helpers' time from their first range to leaving
+        int64_t helper_cpu_ns = 0;       // guarded by mu: the same in the helpers' CPU time
     };
 
     std::atomic<int> size{1};
@@ -127,13 +133,18 @@ struct ThreadPool::Impl {
     bool stop = false;
     Job* job = nullptr;  // the current job, null between calls
 
-    void run_tasks(Job& j) {
+    void run_tasks(Job& j, bool helper) {
         ++t_pool_depth;
         int64_t completed = 0;
+        int64_t t_first = 0, cpu_first = 0;
         std::exception_ptr err;
         for (;;) {
             const int64_t i = j.next.fetch_add(1);
             if (i >= j.n_tasks) break;
+            if (helper && j.timed && t_first == 0) {
+                t_first = timeline::now_ns();
+                cpu_first = timeline::thread_cpu_ns();
+            }
             const int64_t b = j.n * i / j.n_tasks, e = j.n * (i + 1) / j.n_tasks;
             if (!err) {
                 try {
@@ -145,7 +156,14 @@ struct ThreadPool::Impl {
             ++completed;
         }
         --t_pool_depth;
+        const int64_t t_last = t_first ? timeline::now_ns() : 0;
+        const int64_t cpu_last = t_first ? timeline::thread_cpu_ns() : 0;
         std::lock_guard<std::mutex> lk(mu);
+        if (t_first) {
+            j.helper_ns += t_last - t_first;
+            j.helper_cpu_ns += cpu_last - cpu_first;
+            if (j.first_helper_range == 0 || t_first < j.first_helper_range) j.first_helper_range = t_first;
+        }
         if (err && !j.error) j.error = err;
         j.finished += completed;
         --j.refs;
@@ -186,7 +204,7 @@ struct ThreadPool::Impl {
                 if (!j) continue;
                 ++j->refs;
             }
-            run_tasks(*j);
+            run_tasks(*j, true);
         }
     }
 };
@@ -231,6 +249,8 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     j.fn = &fn;
     j.n = n;
     j.n_tasks = n_tasks;
+    j.timed = timeline::has_open();
+    const int64_t t_pub = j.timed ? timeline::now_ns() : 0;
     {
         std::lock_guard<std::mutex> lk(s.mu);
         j.refs = 1;  // the caller's own share
@@ -238,12 +258,18 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
         ++s.generation;
     }
     s.wake.notify_all();
-    s.run_tasks(j);
+    s.run_tasks(j, false);
+    const int64_t t_own = j.timed ? timeline::now_ns() : 0;
     spin_until([&] { return j.complete.load(std::memory_order_acquire); });
     {
         std::unique_lock<std::mutex> lk(s.mu);
         s.done.wait(lk, [&] { return j.finished == j.n_tasks && j.refs == 0; });
         s.job = nullptr;
+    }
+    if (j.timed) {
+        const bool joined = j.first_helper_range != 0;
+        timeline::add_handoff(joined ? j.first_helper_range - t_pub : t_own - t_pub, timeline::now_ns() - t_own,
+                              j.helper_ns, j.helper_cpu_ns, joined);
     }
     if (j.error) std::rethrow_exception(j.error);
 }

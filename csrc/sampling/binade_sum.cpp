@@ -118,6 +118,40 @@ int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_
     return hit;
 }
 
+float reciprocal_weight_rel(float m, float t, float lowest) {
+    // (t within [2^-100, 2^100]: fl(1/t) a normal float with its 2^-24 relative error)
+    if (!sampling_avx512() || t == 1.0f || !(t >= 0x1p-100f && t <= 0x1p100f)) return 0.0f;   // (elsewhere: exact weights)
+    // L bounds |fl(a - m) / t| over the finite logits (a >= lowest, and fl(a - m) >= fl(lowest - m)).
+    const double big_l = -(double)(lowest - m) / (double)t;
+    if (!(big_l <= 4.0)) return 0.0f;
+    // fl(1/t) and the product each err by 2^-24 relative, the divided argument itself by 2^-24:
+    // |x' - x| <= 3 * 2^-24 * L (1 + 2^-23) =: d (where an argument is subnormal both weights are
+    // 1). approx(x') is within 2^-21.2 of exp_weights(x') (the checked bound), which is within
+    // e^d (1 + 2^-24) / (1 - 2^-24) of exp_weights(x): in all below 0.57 * 2^-20 + 1.01 d, which
+    // kApproxWeightRel + 4 * 2^-24 * L covers, rounded up to the 2^-23 grid of 1 + rel.
+    const double extra = 4.0 * std::ldexp(big_l, -24) + std::ldexp(1.0, -60);
+    const double steps = std::ceil((double)kApproxWeightRel * 0x1p23 + extra * 0x1p23);
+    return (float)std::ldexp(steps, -23);
+}
+
+float binade_logit_total_rcp(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, float rel,
+                             float* wa) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512() && rel > 0.0f)
+        return binade_logit_total_rcp_avx512(a, n, m, t, all_finite, zero_weight_floor(m, t, lowest), rel, wa);
+#endif
+    return binade_logit_total(a, n, m, t, all_finite, lowest, wa);   // its approximations are exact here
+}
+
+int64_t binade_logit_walk_rcp(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, float rel,
+                              const float* wa, float r) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512() && rel > 0.0f)
+        return binade_logit_walk_rcp_avx512(a, n, m, t, all_finite, zero_weight_floor(m, t, lowest), rel, wa, r);
+#endif
+    return binade_logit_walk(a, n, m, t, all_finite, lowest, wa, r);
+}
+
 int64_t binade_seq_walk(const float* w, int64_t n, float r) {
 #if defined(DS4_ARCH_X86)
     if (sampling_avx512()) return binade_seq_walk_avx512(w, n, r);

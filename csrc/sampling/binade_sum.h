@@ -30,6 +30,22 @@ float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_f
 int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, const float* wa,
                           float r);
 
+// At a temperature t != 1 the argument's division fl(fl(a - m) / t) is the slowest step of the
+// passes above. Their approximate weights need the argument only to ~2^-20: when the arguments
+// span little (|fl(lowest - m) / t| <= 4), taking it as fl(fl(a - m) * fl(1/t)) moves each weight
+// by a relative 2^-22 at most, and the certificate widened by that much still decides every
+// rounding exactly (docs/sampling.md, "The division at T != 1"). reciprocal_weight_rel gives that
+// widened bound, or 0 when the reciprocal may not be used (t == 1, or wide arguments).
+float reciprocal_weight_rel(float m, float t, float lowest);
+
+// binade_logit_total and binade_logit_walk with those approximations (rel from
+// reciprocal_weight_rel, not 0); the same results. wa then holds approximations within rel (not
+// kApproxWeightRel), and the walk must be given the same rel as the total whose wa it reads.
+float binade_logit_total_rcp(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, float rel,
+                             float* wa);
+int64_t binade_logit_walk_rcp(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, float rel,
+                              const float* wa, float r);
+
 // The same walk over given weights w (any values): the first i where fl(r - ...) <= 0, or -1.
 int64_t binade_seq_walk(const float* w, int64_t n, float r);
 

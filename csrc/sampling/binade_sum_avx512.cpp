@@ -60,17 +60,39 @@ inline int exponent_of(float p) {
     return (int)(b >> 23) - 127;
 }
 
+constexpr int32_t exp_entry(int j) { return (int32_t)(__builtin_bit_cast(uint32_t, kExp2Table[j]) - ((uint32_t)j << 18)); }
+
+alignas(64) constexpr int32_t kExpBits[32] = {
+    exp_entry(0),  exp_entry(1),  exp_entry(2),  exp_entry(3),  exp_entry(4),  exp_entry(5),  exp_entry(6),
+    exp_entry(7),  exp_entry(8),  exp_entry(9),  exp_entry(10), exp_entry(11), exp_entry(12), exp_entry(13),
+    exp_entry(14), exp_entry(15), exp_entry(16), exp_entry(17), exp_entry(18), exp_entry(19), exp_entry(20),
+    exp_entry(21), exp_entry(22), exp_entry(23), exp_entry(24), exp_entry(25), exp_entry(26), exp_entry(27),
+    exp_entry(28), exp_entry(29), exp_entry(30), exp_entry(31),
+};   // the bits of 2^(j/32) less j << 18 (E = 0)
+
 struct ExpTable {
     __m512 lo, hi;
+    ExpTable() = default;
     explicit ExpTable(int e) {
-        alignas(64) int32_t t[32];
-        for (int j = 0; j < 32; ++j) {
-            uint32_t b;
-            std::memcpy(&b, &kExp2Table[j], sizeof b);
-            t[j] = (int32_t)(b - ((uint32_t)j << 18) + ((uint32_t)e << 23));
+        const __m512i add = _mm512_set1_epi32((int32_t)((uint32_t)e << 23));
+        lo = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_load_si512(kExpBits), add));
+        hi = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_load_si512(kExpBits + 16), add));
+    }
+};
+
+// The table of the last unit a source's spans used. A sum or walk keeps its unit for many spans,
+// so the next span's exponentials need not wait for the running value that sets the unit (the
+// comparison is a predicted branch, not a data dependency). One per source object: a source is
+// used by one thread at a time (total_parallel's workers use units_of, which has no table).
+struct TableCache {
+    mutable int e = -1000;
+    mutable ExpTable tab{0};
+    const ExpTable& get(int E) const {
+        if (__builtin_expect(E != e, 0)) {
+            tab = ExpTable(E);
+            e = E;
         }
-        lo = _mm512_castsi512_ps(_mm512_load_si512(t));
-        hi = _mm512_castsi512_ps(_mm512_load_si512(t + 16));
+        return tab;
     }
 };
 
@@ -113,17 +135,24 @@ inline __mmask16 block_units(__m512 y, float rel, float ymax, __m512i& d) {
 // exp_weights(x) of arguments x. Logits: the weights of logits a, whose arguments fl(fl(a - m) / t)
 // (-inf where a is not finite: shifted_args) are computed as they are read, so the whole-vocabulary
 // passes read the logits once and write no argument array (docs/sampling.md).
+// Approximate sources also give load_approx (the arguments the approximate weights are taken of)
+// and rel (the relative bound those approximations keep against the exact weights).
 struct Weights {
     static constexpr bool kApprox = false;
     const float* w;
     __m512 load(int64_t i) const { return _mm512_loadu_ps(w + i); }
+    __m512 load_approx(int64_t i) const { return load(i); }
+    float rel() const { return 0.0f; }
     void copy(int64_t i, int64_t m, float* out) const { std::memcpy(out, w + i, sizeof(float) * m); }
 };
 
 struct Args {
     static constexpr bool kApprox = true;
     const float* x;
+    TableCache cache{};
     __m512 load(int64_t i) const { return _mm512_loadu_ps(x + i); }
+    __m512 load_approx(int64_t i) const { return load(i); }
+    float rel() const { return kApproxWeightRel; }
     void copy(int64_t i, int64_t m, float* out) const { std::memcpy(out, x + i, sizeof(float) * m); }
 };
 
@@ -135,20 +164,37 @@ struct Logits {
     // Logits below this weigh exactly 0 (their arguments are below -105); -inf when no logit is
     // (then no span is tested for zero weights: the test would only cost).
     float zero_below;
-    __m512 args(__m512 v) const {
+    TableCache cache{};
+    template <bool kReciprocal = false>
+    __m512 args(__m512 v, float inv_t = 0.0f) const {
         __m512 d = _mm512_sub_ps(v, _mm512_set1_ps(m));
-        if (t != 1.0f) d = _mm512_div_ps(d, _mm512_set1_ps(t));
+        if (kReciprocal) {
+            d = _mm512_mul_ps(d, _mm512_set1_ps(inv_t));
+        } else if (t != 1.0f) {
+            d = _mm512_div_ps(d, _mm512_set1_ps(t));
+        }
         if (all_finite) return d;
         const __mmask16 fin = _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_EQ_OQ);
         return _mm512_mask_blend_ps(fin, _mm512_set1_ps(-__builtin_inff()), d);
     }
     __m512 load(int64_t i) const { return args(_mm512_loadu_ps(a + i)); }
+    __m512 load_approx(int64_t i) const { return load(i); }
+    float rel() const { return kApproxWeightRel; }
     void copy(int64_t i, int64_t m_, float* out) const {
         for (int64_t j = 0; j < m_; j += kLanes) {
             const __mmask16 in = m_ - j >= kLanes ? (__mmask16)0xFFFF : (__mmask16)((1u << (m_ - j)) - 1);
             _mm512_mask_storeu_ps(out + j, in, args(_mm512_maskz_loadu_ps(in, a + i + j)));
         }
     }
+};
+
+// The same logits at a temperature other than 1 whose approximate weights take their arguments as
+// fl(fl(a - m) * inv_t) instead of the division (the slowest step of a pass) and keep the wider
+// bound approx_rel (reciprocal_weight_rel, binade_sum.h); exact weights still divide.
+struct LogitsRcp : Logits {
+    float inv_t, approx_rel;
+    __m512 load_approx(int64_t i) const { return args<true>(_mm512_loadu_ps(a + i), inv_t); }
+    float rel() const { return approx_rel; }
 };
 
 // The units of `blocks` blocks of 16 from index i0 at scale inv_u, or false when a rounding is
@@ -165,10 +211,10 @@ bool units_of(const Src& src, int64_t i0, const float* wa, float* wa_out, int bl
             if (block_units(_mm512_mul_ps(src.load(i0 + k), scale), 0.0f, kExactUnitsMax, d_all) != 0xFFFF) return false;
             continue;
         }
-        const __m512 w = wa ? _mm512_loadu_ps(wa + i0 + k) : approx_exp(src.load(i0 + k));
+        const __m512 w = wa ? _mm512_loadu_ps(wa + i0 + k) : approx_exp(src.load_approx(i0 + k));
         if (wa_out) _mm512_storeu_ps(wa_out + i0 + k, w);
         __m512i d = _mm512_setzero_si512();
-        if (block_units(_mm512_mul_ps(w, scale), kApproxWeightRel, kApproxUnitsMax, d) != 0xFFFF) {
+        if (block_units(_mm512_mul_ps(w, scale), src.rel(), kApproxUnitsMax, d) != 0xFFFF) {
             src.copy(i0 + k, kLanes, xb);
             exp_weights(xb, wb, kLanes);
             const __m512 we = _mm512_load_ps(wb);
@@ -182,16 +228,17 @@ bool units_of(const Src& src, int64_t i0, const float* wa, float* wa_out, int bl
     return true;
 }
 
-// round(y) for approximate y within y * kApproxWeightRel (plus 2^-40) of the exact value: the
+// round(y) for approximate y within y * rel (kApproxWeightRel, or a source's wider bound; plus
+// 2^-40) of the exact value: the
 // lanes where it is certain, and (into acc, as float bits of 1.5 * 2^23 + round) its value. The
 // bounds y(1 -+ rel) are rounded to integers by adding 1.5 * 2^23 in the fused multiply-add; the
 // exact y lies strictly between them, so when both round to the same integer (whichever way a
 // tie of a bound went) that integer is round(y) and y is not a half-integer. Bounds from 2^22 up
 // differ by more than the grid step there: never certain, so certain lanes add < 2^22 units.
-inline __mmask16 approx_round(__m512 y, __m512i& acc) {
+inline __mmask16 approx_round(__m512 y, float rel, __m512i& acc) {
     const __m512 shifter = _mm512_set1_ps(0x1.8p23f);
-    const __m512 hi = _mm512_fmadd_ps(y, _mm512_set1_ps(1.0f + kApproxWeightRel), shifter);
-    const __m512 lo = _mm512_fmadd_ps(y, _mm512_set1_ps(1.0f - kApproxWeightRel), shifter);
+    const __m512 hi = _mm512_fmadd_ps(y, _mm512_set1_ps(1.0f + rel), shifter);
+    const __m512 lo = _mm512_fmadd_ps(y, _mm512_set1_ps(1.0f - rel), shifter);
     acc = _mm512_add_epi32(acc, _mm512_castps_si512(hi));
     return _mm512_cmp_ps_mask(hi, lo, _CMP_EQ_OQ);
 }
@@ -203,15 +250,16 @@ inline __mmask16 approx_round(__m512 y, __m512i& acc) {
 // wa_out (when given) receives them (y scaled back by 2^-E).
 template <class Src>
 bool fast_units(const Src& src, int64_t i0, int blocks, int E, const float* wa, float* wa_out, int32_t& units) {
-    const ExpTable tab(E);
+    const ExpTable& tab = wa ? src.cache.tab : src.cache.get(E);   // (not read when wa is given)
+    const float rel = src.rel();
     __m512i acc = _mm512_setzero_si512();
     unsigned bad = 0;
     const __m512 unscale = _mm512_set1_ps(pow2(-E)), scale = _mm512_set1_ps(pow2(E));
     for (int b = 0; b < blocks; ++b) {
         const int64_t i = i0 + b * kLanes;
-        const __m512 y = wa ? _mm512_mul_ps(_mm512_loadu_ps(wa + i), scale) : approx_exp_scaled(src.load(i), tab);
+        const __m512 y = wa ? _mm512_mul_ps(_mm512_loadu_ps(wa + i), scale) : approx_exp_scaled(src.load_approx(i), tab);
         if (wa_out) _mm512_storeu_ps(wa_out + i, _mm512_mul_ps(y, unscale));
-        if (approx_round(y, acc) != 0xFFFF) bad |= 1u << b;
+        if (approx_round(y, rel, acc) != 0xFFFF) bad |= 1u << b;
     }
     // each lane added 1.5 * 2^23's bits once per block: take them off (int32 arithmetic wraps,
     // the true total is small)
@@ -221,7 +269,8 @@ bool fast_units(const Src& src, int64_t i0, int blocks, int E, const float* wa, 
     for (; bad; bad &= bad - 1) {
         const int64_t k = i0 + (int64_t)__builtin_ctz(bad) * kLanes;
         __m512i wrong = _mm512_setzero_si512();
-        approx_round(wa ? _mm512_mul_ps(_mm512_loadu_ps(wa + k), scale) : approx_exp_scaled(src.load(k), tab), wrong);
+        approx_round(wa ? _mm512_mul_ps(_mm512_loadu_ps(wa + k), scale) : approx_exp_scaled(src.load_approx(k), tab), rel,
+                     wrong);
         d -= _mm512_reduce_add_epi32(wrong) - (int32_t)(0x4B400000u * (uint32_t)kLanes);
         src.copy(k, kLanes, xb);
         exp_weights(xb, wb, kLanes);
@@ -252,16 +301,21 @@ bool zero_blocks(const Logits& src, int64_t i0, int blocks) {
     return all == 0xFFFF;
 }
 
+bool zero_blocks(const LogitsRcp& src, int64_t i0, int blocks) { return zero_blocks((const Logits&)src, i0, blocks); }
+
 // Whether spans are tested for zero weights before the model: logits that may weigh 0 (low
 // temperatures, peaked logits: long runs of them are skipped at one compare per 16).
 template <class Src>
 bool skips_zeros(const Src&) { return false; }
 bool skips_zeros(const Logits& src) { return src.zero_below > -__builtin_inff(); }
+bool skips_zeros(const LogitsRcp& src) { return src.zero_below > -__builtin_inff(); }
 
 // units_of, through fast_units where it applies (approximate terms and a unit of at most 1).
 template <class Src>
 bool span_units(const Src& src, int64_t i0, const float* wa, float* wa_out, int blocks, binade::Unit b, int32_t& d) {
-    if (Src::kApprox && b.inv_u >= 1.0f) return fast_units(src, i0, blocks, exponent_of(b.inv_u), wa, wa_out, d);
+    if constexpr (Src::kApprox) {
+        if (b.inv_u >= 1.0f) return fast_units(src, i0, blocks, exponent_of(b.inv_u), wa, wa_out, d);
+    }
     return units_of(src, i0, wa, wa_out, blocks, b.inv_u, d);
 }
 
@@ -398,7 +452,7 @@ float total_parallel(const Src& x, int64_t n, float* wa, ThreadPool& pool) {
             }
             __m512 acc = _mm512_setzero_ps();
             for (int k = 0; k < chunk; k += kLanes) {
-                const __m512 w = approx_exp(x.load(c * chunk + k));
+                const __m512 w = approx_exp(x.load_approx(c * chunk + k));
                 _mm512_storeu_ps(out + k, w);
                 acc = _mm512_add_ps(acc, w);
             }
@@ -474,6 +528,25 @@ float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, boo
 
 int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, const float* wa, float r) {
     return walk(Logits{a, m, t, all_finite, zero_below}, wa, n, r);
+}
+
+float binade_logit_total_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
+                                    float rel, float* wa) {
+    const LogitsRcp src{{a, m, t, all_finite, zero_below}, 1.0f / t, rel};
+    if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
+        static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
+        if (!wa) {
+            guides.resize((size_t)n);
+            wa = guides.data();
+        }
+        return total_parallel(src, n, wa, ThreadPool::global());
+    }
+    return total(src, n, wa);
+}
+
+int64_t binade_logit_walk_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
+                                     float rel, const float* wa, float r) {
+    return walk(LogitsRcp{{a, m, t, all_finite, zero_below}, 1.0f / t, rel}, wa, n, r);
 }
 
 // The sum is non-decreasing (terms >= 0, rounding to nearest is monotone) and so is fl(s / total):

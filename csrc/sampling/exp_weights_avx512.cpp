@@ -1,13 +1,20 @@
-// exp_weights for AVX-512: 8 doubles per vector, the table lookup as two-register permutes. The
-// operations and their order are exp_nonpositive's (exp_weights.inc), so the bits are the same.
+// exp_weights for AVX-512: 8 doubles per vector. Most vectors take the certified cheaper
+// evaluation (exp_certified_avx512.h), which returns the same floats wherever it is sure; the rest
+// take the exact one, whose operations and their order are exp_nonpositive's (exp_weights.inc),
+// the table lookup as two-register permutes, so the bits are the same.
 #include <immintrin.h>
 
+#include "sampling/exp_certified_avx512.h"
 #include "sampling/exp_weights.h"
 #include "sampling/exp_weights.inc"
 
 namespace ds4 {
 
-void exp_weights_avx512(const float* x, float* w, int64_t n) {
+namespace {
+
+// The exact evaluation of 8 arguments (out of line: rarely needed, and its constants stay out of
+// the certified loop).
+struct ExactExp8 {
     const __m512d lo_tab0 = _mm512_load_pd(kExp2Table), lo_tab1 = _mm512_load_pd(kExp2Table + 8);
     const __m512d hi_tab0 = _mm512_load_pd(kExp2Table + 16), hi_tab1 = _mm512_load_pd(kExp2Table + 24);
     const __m512d clamp = _mm512_set1_pd(-120.0), inv = _mm512_set1_pd(46.166241308446828384);
@@ -18,9 +25,8 @@ void exp_weights_avx512(const float* x, float* w, int64_t n) {
     const __m512d c3 = _mm512_set1_pd(1.0 / 6.0), c2 = _mm512_set1_pd(0.5), one = _mm512_set1_pd(1.0);
     const __m512i bias = _mm512_set1_epi64((long long)(0x4338000000000000ull - 1023u * 32u));
     const __m512i five_bits = _mm512_set1_epi64(31), bit4 = _mm512_set1_epi64(16);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+    __m256 operator()(__m256 xf) const {
+        __m512d v = _mm512_cvtps_pd(xf);
         v = _mm512_max_pd(clamp, v);   // x < -120 (or -inf) ? -120 : x (x is never NaN)
         const __m512d kshift = _mm512_add_pd(_mm512_mul_pd(v, inv), shifter);
         const __m512d k = _mm512_sub_pd(kshift, shifter);
@@ -41,7 +47,23 @@ void exp_weights_avx512(const float* x, float* w, int64_t n) {
         const __mmask8 upper = _mm512_test_epi64_mask(j, bit4);
         const __m512d t = _mm512_mask_blend_pd(upper, t_lo, t_hi);
         const __m512d scale = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_srli_epi64(u, 5), 52));
-        _mm256_storeu_ps(w + i, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(p, t), scale)));
+        return _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(p, t), scale));
+    }
+};
+
+__attribute__((noinline)) __m256 exact8(__m256 x) { return ExactExp8{}(x); }
+
+}  // namespace
+
+void exp_weights_avx512(const float* x, float* w, int64_t n) {
+    const certified_exp::Table tab;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xf = _mm256_loadu_ps(x + i);
+        __mmask8 uncertain;
+        __m256 y = certified_exp::eval8(xf, tab, uncertain);
+        if (__builtin_expect(uncertain != 0, 0)) y = exact8(xf);
+        _mm256_storeu_ps(w + i, y);
     }
     exp_weights_generic(x + i, w + i, n - i);
 }

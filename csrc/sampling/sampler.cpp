@@ -474,10 +474,16 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
         return;
     }
     wall_.resize((size_t)n);   // approximate weights: the walk reads them instead of evaluating again
-    if (t != 1.0f) {
+    // At t != 1 with arguments that span little (T 100), the approximations take the argument by a
+    // reciprocal and only uncertain blocks divide; otherwise the arguments are divided once here.
+    const float rcp_rel = reciprocal_weight_rel(m, t, lowest);
+    const bool divided = t != 1.0f && rcp_rel == 0.0f;
+    if (divided) {
         x_.resize((size_t)n);
         shifted_args(a, n, m, t, x_.data());
         total = binade_weight_total(x_.data(), n, wall_.data());
+    } else if (rcp_rel > 0.0f) {
+        total = binade_logit_total_rcp(a, n, m, t, all_finite, lowest, rcp_rel, wall_.data());
     } else {
         total = binade_logit_total(a, n, m, t, all_finite, lowest, wall_.data());
     }
@@ -486,7 +492,8 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
     c_.count = n;
     c_.sum = total;
     c_.logits = a;
-    c_.x = t != 1.0f ? x_.data() : nullptr;
+    c_.x = divided ? x_.data() : nullptr;
+    c_.rcp_rel = rcp_rel;
     c_.wa = wall_.data();
     c_.m = m;
     c_.t = t;
@@ -622,8 +629,10 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
         // r = 0 stops at the first kept token, which the walk over every logit (non-finite
         // ones weighing 0) would not: it would stop at token 0 whatever it is.
         if (!(r > 0.0f)) return (int32_t)first_finite(c.logits, c.count);
-        const int64_t i = c.x ? binade_weight_walk(c.x, c.wa, c.count, r)
-                              : binade_logit_walk(c.logits, c.count, c.m, c.t, c.all_finite, c.lowest, c.wa, r);
+        const int64_t i = c.x           ? binade_weight_walk(c.x, c.wa, c.count, r)
+                          : c.rcp_rel > 0 ? binade_logit_walk_rcp(c.logits, c.count, c.m, c.t, c.all_finite, c.lowest,
+                                                                  c.rcp_rel, c.wa, r)
+                                          : binade_logit_walk(c.logits, c.count, c.m, c.t, c.all_finite, c.lowest, c.wa, r);
         return i >= 0 ? (int32_t)i : resolve_best(c.after_walk);
     }
     if (c.x) {

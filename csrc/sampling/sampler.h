@@ -39,6 +39,7 @@ struct Candidates {
     const float* logits = nullptr;
     float m = 0.0f, t = 1.0f, lowest = 0.0f;   // lowest: the smallest finite logit
     bool all_finite = false;
+    float rcp_rel = 0.0f;   // not 0: the total took its approximations by reciprocal (binade_logit_total_rcp)
     // Every kept weight is exactly 1 (all finite logits equal; ids, or token i itself): sums are
     // integers, so the draw's walk is arithmetic.
     bool ones = false;

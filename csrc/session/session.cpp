@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "backend/timed_stream.h"
 #include "common/errors.h"
 #include "engine/forward.h"
 #include "sampling/sampler.h"
@@ -47,7 +48,7 @@ Session::Session(std::shared_ptr<const Model> model, int64_t ctx) : model_(std::
     }
     backend::Backend& be = model_->backend();
     const Shape& s = model_->shape();
-    stream_ = be.new_stream();
+    stream_ = backend::maybe_timed(be.new_stream());
     kv_.init(be, *stream_, s, ctx);
     tokens_.reserve((size_t)ctx);   // the decode loop never reallocates the checkpoint
     logits_ = backend::OwnedTensor(be, backend::DType::F32, s.n_vocab, 1);
@@ -281,7 +282,7 @@ void Session::extend(const int32_t* t, int64_t n, const ChunkCallback& cb, bool 
     // neither the activations nor the stream's private work memory.
     if (act_.rows > kKeepBatchScratch) {
         act_ = Activations();
-        stream_ = model_->backend().new_stream();
+        stream_ = backend::maybe_timed(model_->backend().new_stream());
     }
 }
 

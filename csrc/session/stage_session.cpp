@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/timed_stream.h"
 #include "common/errors.h"
 #include "engine/forward.h"
 #include "session/payload.h"
@@ -18,7 +19,7 @@ StageSession::StageSession(std::shared_ptr<const Model> model, int64_t ctx) : mo
     if (ctx > 0x7fffffff) fail(ErrorKind::InvalidArgument, "session context is too large: " + std::to_string(ctx));
     const Shape& s = model_->shape();
     backend::Backend& be = model_->backend();
-    stream_ = be.new_stream();
+    stream_ = backend::maybe_timed(be.new_stream());
     kv_.init(be, *stream_, s, ctx, model_->layer_begin(), model_->layer_end());
     tokens_.reserve((size_t)ctx);
     if (model_->last_stage()) {
@@ -84,7 +85,7 @@ void StageSession::forward(const int32_t* tokens, int64_t n, int64_t pos0, const
     if (prefill) kv_.finish_prefill(*stream_, pos());
     if (act_.rows > kKeepBatchScratch) {
         act_ = Activations();
-        stream_ = model_->backend().new_stream();
+        stream_ = backend::maybe_timed(model_->backend().new_stream());
     }
 }
 

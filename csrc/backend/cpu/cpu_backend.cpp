@@ -109,22 +109,32 @@ public:
         const int64_t nb = a.heads.rows(), G = a.n_group, rank = a.rank, gd = wa.ne[0];
         const int64_t qd = a.heads.width(), low_w = a.low.width();
         const int64_t ab = act_bytes(wa.type, gd);
-        uint8_t* xq = act_.ensure(ab * nb);
         const float* heads = f32(a.heads);
         float* low = f32(a.low);
-        if (nb > 1) grow(grp_, nb * rank);
+        if (nb == 1) {
+            // Decode: every group's input is quantised first, then the G products run as one
+            // pool dispatch (matvec_group: each output is matvec()'s bits), one hand-off to the
+            // other threads instead of G (docs/kernels.md "Where a decode step's wall time goes").
+            uint8_t* xq = act_.ensure(ab * G);
+            group_parts_.resize((size_t)G);
+            for (int64_t g = 0; g < G; ++g) {
+                quantize_act(wa.type, heads + g * gd, xq + g * ab, gd);
+                group_parts_[(size_t)g] =
+                    MatvecPart{wa.type, wa.data + g * rank * wa.row_stride(), rank, xq + g * ab, low + g * rank};
+            }
+            matvec_group(group_parts_.data(), (int)G, gd, pool_);
+            return;
+        }
+        uint8_t* xq = act_.ensure(ab * nb);
+        grow(grp_, nb * rank);
         for (int64_t g = 0; g < G; ++g) {
             each_row(nb, [&](int64_t b0, int64_t b1) {
                 for (int64_t b = b0; b < b1; ++b) quantize_act(wa.type, heads + b * qd + g * gd, xq + b * ab, gd);
             });
             const uint8_t* w = wa.data + g * rank * wa.row_stride();
-            if (nb == 1) {
-                matvec(wa.type, w, rank, gd, xq, low + g * rank, pool_);
-            } else {
-                matmul(wa.type, w, rank, gd, xq, nb, grp_.data(), pool_);
-                for (int64_t b = 0; b < nb; ++b) {
-                    std::memcpy(low + b * low_w + g * rank, grp_.data() + b * rank, (size_t)rank * sizeof(float));
-                }
+            matmul(wa.type, w, rank, gd, xq, nb, grp_.data(), pool_);
+            for (int64_t b = 0; b < nb; ++b) {
+                std::memcpy(low + b * low_w + g * rank, grp_.data() + b * rank, (size_t)rank * sizeof(float));
             }
         }
     }
@@ -337,6 +347,7 @@ private:
     ActBuffer act_, xq_, midq_;
     std::vector<float> flat_, mix_, grp_, tmp_, scores_, block_scratch_, probs_, gate_, up_, mid_, down_;
     std::vector<int32_t> order_;
+    std::vector<MatvecPart> group_parts_;
 };
 
 class CpuBackend final : public Backend {

@@ -1,0 +1,76 @@
+// A cheaper evaluation of exp_weights' float weights that knows when it is right (AVX-512 builds
+// only; docs/sampling.md, "A certified exponential"). exp_weights rounds a double evaluation of
+// exp(x) once to float; that double is within ~2^-50 (relative) of exp(x), so its float is the
+// correctly rounded one unless exp(x) lies that close to a float rounding midpoint. The evaluation
+// here is within 2^-42 of exp(x) (a 16-entry table and a degree-5 polynomial, fused multiply-adds),
+// and a lane whose double lies at least 2^13 double ulps (>= 2^-40 relative) from every float
+// midpoint rounds to the float that exp(x), and so the exact evaluation, rounds to. Other lanes
+// (about 1 in 2^15), and arguments in [-105, -87) where the float weight is subnormal, are left to
+// the exact evaluation; arguments below -105 (and -inf) weigh exactly 0 in both.
+// Checked against the exact evaluation over every float argument in [-105, 0].
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace ds4 {
+namespace certified_exp {
+
+// 2^(j/16) as correctly rounded doubles (the exact table's even entries), minus j << 48: adding
+// k << 48 for k = 16q + j then gives 2^(j/16) * 2^q with one integer add (see eval8).
+constexpr int64_t entry(double v, int j) { return __builtin_bit_cast(int64_t, v) - ((int64_t)j << 48); }
+
+alignas(64) constexpr int64_t kTable[16] = {
+    entry(0x1.0000000000000p+0, 0),  entry(0x1.0b5586cf9890fp+0, 1),  entry(0x1.172b83c7d517bp+0, 2),
+    entry(0x1.2387a6e756238p+0, 3),  entry(0x1.306fe0a31b715p+0, 4),  entry(0x1.3dea64c123422p+0, 5),
+    entry(0x1.4bfdad5362a27p+0, 6),  entry(0x1.5ab07dd485429p+0, 7),  entry(0x1.6a09e667f3bcdp+0, 8),
+    entry(0x1.7a11473eb0187p+0, 9),  entry(0x1.8ace5422aa0dbp+0, 10), entry(0x1.9c49182a3f090p+0, 11),
+    entry(0x1.ae89f995ad3adp+0, 12), entry(0x1.c199bdd85529cp+0, 13), entry(0x1.d5818dcfba487p+0, 14),
+    entry(0x1.ea4afa2a490dap+0, 15),
+};
+
+struct Table {
+    __m512d lo = _mm512_castsi512_pd(_mm512_load_si512(kTable));
+    __m512d hi = _mm512_castsi512_pd(_mm512_load_si512(kTable + 8));
+};
+
+// The float weights of 8 arguments, and (uncertain) the lanes that must take the exact evaluation.
+// exp(x) = 2^q 2^(j/16) exp(r), k = 16q + j = round(x 16/ln2) (the fused add of 1.5 * 2^52 rounds
+// once), r = x - k ln2/16 in two fused steps (ln2/16 split so that k * hi is exact:
+// hi has 29 significant bits, |k| < 2^12 here),
+// |r| <= ln2/32 (1 + 2^-40); exp(r) by its degree-5 Taylor polynomial: truncation
+// r^6/720 < 2^-42.7, the table 2^-53, the fused steps a few 2^-53: within 2^-42 in all.
+inline __m256 eval8(__m256 xf, const Table& tab, __mmask8& uncertain) {
+    const __m512d x = _mm512_cvtps_pd(xf);
+    const __m512d shifter = _mm512_set1_pd(6755399441055744.0);   // 1.5 * 2^52
+    const __m512d kshift = _mm512_fmadd_pd(x, _mm512_set1_pd(23.083120654223414192), shifter);   // 16 / ln2
+    const __m512d k = _mm512_sub_pd(kshift, shifter);
+    __m512d r = _mm512_fnmadd_pd(k, _mm512_set1_pd(0x1.62e42ff000000p-5), x);   // ln2/16 to 32 bits
+    r = _mm512_fnmadd_pd(k, _mm512_set1_pd(-0x1.718432a1b0e26p-39), r);       // the rest of ln2/16
+    __m512d p = _mm512_set1_pd(1.0 / 120.0);
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 24.0));
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 6.0));
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(0.5));
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
+    // kshift's bits are 0x4338000000000000 + k (k in the low bits, two's complement); << 48 keeps
+    // k << 48 = (q << 52) + (j << 48) modulo 2^64, and its low 4 bits index the table.
+    const __m512i kb = _mm512_castpd_si512(kshift);
+    const __m512d t = _mm512_permutex2var_pd(tab.lo, kb, tab.hi);
+    const __m512d scale = _mm512_castsi512_pd(_mm512_add_epi64(_mm512_castpd_si512(t), _mm512_slli_epi64(kb, 48)));
+    const __m512d w = _mm512_mul_pd(p, scale);
+    // A float rounding midpoint has the double's low 29 mantissa bits equal to 2^28; lanes within
+    // 2^13 of it (either side) are uncertain: (low29 - 2^28 + 2^13) mod 2^29 <= 2^14.
+    const __m512i near = _mm512_and_si512(_mm512_add_epi64(_mm512_castpd_si512(w), _mm512_set1_epi64((1 << 13) - (1 << 28))),
+                                          _mm512_set1_epi64((1 << 29) - 1));
+    const __mmask8 tie = _mm512_cmp_epu64_mask(near, _mm512_set1_epi64(1 << 14), _MM_CMPINT_LE);
+    // weight a normal float (and the argument not positive: those are never sampling arguments)
+    const __mmask8 normal = _mm512_cmp_pd_mask(x, _mm512_set1_pd(-87.0), _CMP_GE_OQ) &
+                            _mm512_cmp_pd_mask(x, _mm512_setzero_pd(), _CMP_LE_OQ);
+    const __mmask8 zero = _mm512_cmp_pd_mask(x, _mm512_set1_pd(-105.0), _CMP_LT_OQ);     // weight exactly 0
+    uncertain = (__mmask8)(~(normal | zero) | (tie & normal));
+    return _mm512_cvtpd_ps(_mm512_maskz_mov_pd(normal, w));
+}
+
+}  // namespace certified_exp
+}  // namespace ds4
