@@ -1221,3 +1221,33 @@ def test_reciprocal_total_divides_for_exact_weights():
             diffs += not _f32_bits_equal(core._binade_logit_total_rcp(logits, F(0), F(t), F(l), rel),
                                          _plain_sum(core._exp_weights(x)))
         assert diffs == 0, (t, diffs)
+
+
+@pytest.mark.parametrize("shape", ["overflowing_range", "subnormal_range", "two_finite", "huge_and_tiny"])
+def test_sampler_bucket_branch_at_extreme_ranges(shape):
+    # Logit ranges the bucket index must survive: hi - lo overflowing (not bucketed: the sorted
+    # path), a range of subnormals (the scale clamped to the largest float), two finite logits
+    # among -inf/NaN, and logits far apart with near-equal ones in between.
+    g = np.random.default_rng(9)
+    n = 20_000
+    if shape == "overflowing_range":
+        logits = g.normal(0, 3, n).astype(np.float32)
+        logits[[5, 77]] = [3e38, -3e38]
+    elif shape == "subnormal_range":
+        logits = (g.integers(-40, 40, n) * np.float32(1e-45)).astype(np.float32)
+    elif shape == "two_finite":
+        logits = np.full(n, -np.inf, dtype=np.float32)
+        logits[g.random(n) < 0.3] = np.nan
+        logits[[10, 12000]] = [1.0, 0.5]
+    else:
+        logits = g.normal(0, 1e-3, n).astype(np.float32)
+        logits[[3, 4]] = [1e30, -1e30]
+    with _BucketsAlways(), np.errstate(over="ignore"):   # (the reference's 3e38 - -3e38 is -inf, as fl's)
+        for t, top_p in ((100.0, 0.9), (1.0, 0.5), (1e30, 0.99)):
+            for draw in range(3):
+                a, b = Rng(draw), Rng(draw)
+                assert sample(logits, t, 0, top_p, 0.0, a) == plain_sample(logits, t, 0, top_p, 0.0, b)
+                assert a.state == b.state
+            got = probabilities(logits, t, 0, top_p, 0.0)
+            want = plain_probabilities(logits, t, 0, top_p, 0.0)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
