@@ -1242,7 +1242,7 @@ def test_sampler_bucket_branch_at_extreme_ranges(shape):
     else:
         logits = g.normal(0, 1e-3, n).astype(np.float32)
         logits[[3, 4]] = [1e30, -1e30]
-    with _BucketsAlways(), np.errstate(over="ignore"):   # (the reference's 3e38 - -3e38 is -inf, as fl's)
+    with _BucketsAlways(), np.errstate(over="ignore"):   # (-3e38 - 3e38 is -inf, in numpy as in fl)
         for t, top_p in ((100.0, 0.9), (1.0, 0.5), (1e30, 0.99)):
             for draw in range(3):
                 a, b = Rng(draw), Rng(draw)

@@ -439,6 +439,8 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
 
 bool Sampler::select_buckets(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float total,
                              float top_p) {
+    // wall_ is select_full's binade_logit_total's: within kApproxWeightRel (a total that
+    // approximates differently, e.g. binade_logit_total_rcp, must pass its own bound here).
     const BucketTopPInput in{a, n, m, lowest, all_finite, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
     if (!bucket_.select(in)) return false;
     c_ = Candidates{true, c_.no_draw, bucket_.last(), bucket_.ids(), nullptr, bucket_.count(), bucket_.sum()};
