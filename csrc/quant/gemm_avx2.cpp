@@ -1,17 +1,21 @@
-// AVX2 group kernels of the prefill GEMM (gemm.h, docs/gemm.md) for Q2_K, Q4_K and IQ2_XXS.
+// AVX2 group kernels of the prefill GEMM (gemm.h, docs/gemm.md) for all four types.
 //
 // The AVX-512 VNNI design at half width: 8 rows per panel (the 8 int32 lanes of a 256-bit
 // register), one 32-byte panel vector per 4 consecutive k, tiles of 8 rows x 4 tokens (16 ymm
 // registers). Without vpdpbusd each step is vpmaddubsw (unsigned weight byte x signed activation
 // code, pairs summed in int16) + vpmaddwd by ones + add. The int16 pair sums cannot saturate:
-// Q2_K bytes are sc*q <= 45, Q4_K nibbles <= 15, IQ2_XXS grid values <= 43, so |pair| <= 2*45*128.
-// IQ2_XXS keeps |grid| in the panel and its sign bytes (0x01 / 0xFF) next to it; the sign is moved
-// onto the activation code with vpsignb exactly as the AVX2 row kernel does (same products, so
-// the same integers even for the -128 code, see dot_x86_common.inc). Q8_0 keeps the row kernels
-// here: its codes reach 128 in magnitude, where the unsigned-byte product would saturate.
+// Q2_K bytes are sc*q <= 45 and Q4_K nibbles <= 15, so |pair| <= 2*45*128. The Q8_0 and IQ2_XXS
+// panels hold the signed codes (+-grid for IQ2_XXS); each step multiplies |w| (<= 128, the unsigned
+// side) by the activation code with w's sign moved onto it by vpsignb, so a pair lies in
+// [-32768, 32512] and never saturates (gemm_tiles.inc). For IQ2_XXS these are the AVX2 row kernel's
+// very products (it applies the signs to the Q8_K codes with vpsignb too, wrapping the same way
+// for a code of -128, see dot_x86_common.inc); for Q8_0, whose row kernel widens to int16, the
+// tile corrects the products of a -128 code from the driver's mask (GemmCorr::MinCodeMask).
 //
 // Float order per (row, token): the row kernels' (scalar block order), as in the VNNI file.
 #include <immintrin.h>
+
+#include <type_traits>
 
 #include "quant/formats.h"
 #include "quant/gemm.h"
@@ -27,10 +31,12 @@ constexpr int64_t kVec = 32;
 constexpr int64_t kCodes256 = 64 * kVec;
 constexpr int64_t kQ2KBlk = kCodes256 + 8 * kVec + 2 * kVec;       // codes, min pairs, d, dmin
 constexpr int64_t kQ4KBlk = kCodes256 + 16 * kVec + 2 * kVec;      // codes, scales, min pairs, d, dmin
-constexpr int64_t kIq2Blk = 2 * kCodes256 + 8 * kVec + kVec;       // |grid|, signs, scales, d
+constexpr int64_t kQ8_0Blk = 8 * kVec + kVec;                       // codes, d
+constexpr int64_t kIq2Blk = kCodes256 + 8 * kVec + kVec;            // +-grid, (2 ls + 1), d
 
 size_t panel_bytes(GgmlType t, int64_t n) {
     switch (t) {
+        case GgmlType::Q8_0: return (size_t)(n / 32 * kQ8_0Blk);
         case GgmlType::Q2_K: return (size_t)(n / QK * kQ2KBlk);
         case GgmlType::Q4_K: return (size_t)(n / QK * kQ4KBlk);
         case GgmlType::IQ2_XXS: return (size_t)(n / QK * kIq2Blk);
@@ -65,6 +71,18 @@ inline void f16_pair(const GemmGroup& g, const uint8_t* block0, int64_t off, uin
     }
     _mm256_store_ps(reinterpret_cast<float*>(d_out), _mm256_load_ps(d));
     if (m_out) _mm256_store_ps(reinterpret_cast<float*>(m_out), _mm256_load_ps(m));
+}
+
+// Q8_0: the 32 codes of each row's block as 8 dwords (bytes 2 + 4s of the 34-byte block, never
+// past it), stored as they are, and the f16 d as float.
+void decode_q8_0(const GemmGroup& g) {
+    const RowGather rows(g);
+    for (int64_t b = 0; b < g.n / 32; ++b) {
+        const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ8_0);
+        uint8_t* pb = g.panel + b * kQ8_0Blk;
+        for (int s = 0; s < 8; ++s) vst(pb + s * kVec, rows.at(blk, 2 + 4 * s));
+        f16_pair(g, blk, 0, pb + 8 * kVec, nullptr);
+    }
 }
 
 void decode_q2_k(const GemmGroup& g) {
@@ -147,20 +165,20 @@ void decode_iq2_xxs(const GemmGroup& g) {
                 const __m256i gi = _mm256_slli_epi32(byte_of(a, l), 1);
                 for (int half = 0; half < 2; ++half) {
                     const int s = 8 * ib + 2 * l + half;
-                    vst(pb + s * kVec, _mm256_i32gather_epi32(grid, _mm256_add_epi32(gi, _mm256_set1_epi32(half)), 4));
-                    // Bits 4*half .. 4*half+3 -> bytes 0xFF (negative) or 0x01, vpsignb operands.
+                    const __m256i gv = _mm256_i32gather_epi32(grid, _mm256_add_epi32(gi, _mm256_set1_epi32(half)), 4);
+                    // Bits 4*half .. 4*half+3 -> bytes 0xFF (negative) or 0x01: the grid bytes' signs.
                     const __m256i x = _mm256_and_si256(_mm256_srli_epi32(s8, 4 * half), _mm256_set1_epi32(15));
                     const __m256i spread = _mm256_or_si256(_mm256_or_si256(x, _mm256_slli_epi32(x, 7)),
                                                            _mm256_or_si256(_mm256_slli_epi32(x, 14), _mm256_slli_epi32(x, 21)));
                     const __m256i neg = _mm256_sub_epi8(_mm256_setzero_si256(),
                                                         _mm256_and_si256(spread, _mm256_set1_epi32(0x01010101)));
-                    vst(pb + kCodes256 + s * kVec, _mm256_or_si256(neg, _mm256_set1_epi8(1)));
+                    vst(pb + s * kVec, _mm256_sign_epi8(gv, _mm256_or_si256(neg, _mm256_set1_epi8(1))));
                 }
             }
-            vst(pb + 2 * kCodes256 + ib * kVec,
+            vst(pb + kCodes256 + ib * kVec,
                 _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(sw, 28), 1), _mm256_set1_epi32(1)));
         }
-        f16_pair(g, blk, 0, pb + 2 * kCodes256 + 8 * kVec, nullptr);
+        f16_pair(g, blk, 0, pb + kCodes256 + 8 * kVec, nullptr);
     }
 }
 
@@ -171,6 +189,12 @@ inline __m256i dot4(__m256i acc, __m256i w_u8, __m256i a_s8) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w_u8, a_s8), _mm256_set1_epi16(1)));
 }
 
+// A panel vector of signed codes made ready for every token of the tile: |w|, and w as vpsignb's
+// sign operand (w = 0 zeroes the activation code, whose product with |w| = 0 is 0 anyway).
+struct SignedCodes {
+    __m256i abs, w;
+};
+
 // The 256-bit vectors of gemm_tiles.inc: vpmaddubsw + vpmaddwd(ones) in place of vpdpbusd (the
 // int16 pair sums cannot saturate, see above), vpmaddwd + add in place of vpdpwssd.
 struct Avx2Vec {
@@ -178,7 +202,30 @@ struct Avx2Vec {
     using vf = __m256;
     static constexpr int kTile = kTokTile;
     static constexpr int64_t kVec = 32, kCodes256 = ::ds4::quant::kCodes256, kQ2KBlk = ::ds4::quant::kQ2KBlk,
-                             kQ4KBlk = ::ds4::quant::kQ4KBlk;
+                             kQ4KBlk = ::ds4::quant::kQ4KBlk, kQ8_0Blk = ::ds4::quant::kQ8_0Blk,
+                             kIq2Blk = ::ds4::quant::kIq2Blk;
+    static constexpr bool kOffsetCodes = false;
+    using Codes = SignedCodes;
+    static Codes codes(const uint8_t* p) {
+        const __m256i w = vld(p);
+        return {_mm256_abs_epi8(w), w};
+    }
+    static vi dot_codes(vi acc, const Codes& w, const uint8_t* x) {
+        return ::ds4::quant::dot4(acc, w.abs, _mm256_sign_epi8(bcast32(x), w.w));
+    }
+    // 256 |w_i| for every code i of mask (activation code -128) where w_i < 0: the products the
+    // wrapped vpsignb got as -128 |w_i| instead of +128 |w_i| (rare: subnormal activation scales).
+    static vi min_code_fix(const uint8_t* pb, uint32_t mask) {
+        __m256i neg_sum = _mm256_setzero_si256();
+        for (; mask; mask &= mask - 1) {
+            const int i = __builtin_ctz(mask);
+            const __m256i w = vld(pb + (i / 4) * kVec);
+            const __m256i wi = _mm256_srai_epi32(_mm256_sll_epi32(w, _mm_cvtsi32_si128(24 - 8 * (i % 4))), 24);
+            neg_sum = _mm256_add_epi32(neg_sum, _mm256_min_epi32(wi, _mm256_setzero_si256()));
+        }
+        return _mm256_mullo_epi32(neg_sum, _mm256_set1_epi32(-256));
+    }
+    static vi set1_i(int32_t v) { return _mm256_set1_epi32(v); }
     static vi zero_i() { return _mm256_setzero_si256(); }
     static vf zero_f() { return _mm256_setzero_ps(); }
     static vi load_i(const uint8_t* p) { return vld(p); }
@@ -202,42 +249,14 @@ struct Avx2Vec {
 
 #include "quant/gemm_tiles.inc"
 
-template <int NT>
-void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
-    __m256 sumf[NT];
-    for (int t = 0; t < NT; ++t) sumf[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < g.n / QK; ++b) {
-        const uint8_t* pb = g.panel + b * kIq2Blk;
-        const uint8_t* xb[NT];
-        for (int t = 0; t < NT; ++t) xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
-        __m256i bsum[NT];
-        for (int t = 0; t < NT; ++t) bsum[t] = _mm256_setzero_si256();
-        for (int ib = 0; ib < 8; ++ib) {
-            __m256i part[NT];
-            for (int t = 0; t < NT; ++t) part[t] = _mm256_setzero_si256();
-            for (int s = 8 * ib; s < 8 * ib + 8; ++s) {
-                const __m256i w = vld(pb + s * kVec), sg = vld(pb + kCodes256 + s * kVec);
-                for (int t = 0; t < NT; ++t)
-                    part[t] = dot4(part[t], w, _mm256_sign_epi8(bcast32(xb[t] + 4 + 4 * s), sg));
-            }
-            const __m256i sc = vld(pb + 2 * kCodes256 + ib * kVec);
-            for (int t = 0; t < NT; ++t) bsum[t] = _mm256_add_epi32(bsum[t], _mm256_mullo_epi32(part[t], sc));
-        }
-        const __m256 d = _mm256_load_ps(reinterpret_cast<const float*>(pb + 2 * kCodes256 + 8 * kVec));
-        for (int t = 0; t < NT; ++t) {
-            const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(load_f32(xb[t])));
-            sumf[t] = _mm256_add_ps(sumf[t], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(bsum[t])));
-        }
-    }
-    for (int t = 0; t < NT; ++t) sumf[t] = _mm256_mul_ps(_mm256_set1_ps(0.125f), sumf[t]);
-    store_tile<Avx2Vec, NT>(g, t0, sumf);
-}
-
-template <int NT> struct TileIq2 { static void run(const GemmGroup& g, int64_t t0) { tile_iq2_xxs<NT>(g, t0); } };
-
-const GemmKernels kAvx2{kRows, nullptr, run_group<Avx2Vec, decode_q2_k, TileQ2K<Avx2Vec>::T>,
-                        run_group<Avx2Vec, decode_q4_k, TileQ4K<Avx2Vec>::T>, run_group<Avx2Vec, decode_iq2_xxs, TileIq2>,
-                        panel_bytes};
+const GemmKernels kAvx2{kRows,
+                        run_group<Avx2Vec, decode_q8_0, TileQ8_0<Avx2Vec>::T>,
+                        run_group<Avx2Vec, decode_q2_k, TileQ2K<Avx2Vec>::T>,
+                        run_group<Avx2Vec, decode_q4_k, TileQ4K<Avx2Vec>::T>,
+                        run_group<Avx2Vec, decode_iq2_xxs, TileIq2<Avx2Vec>::T>,
+                        panel_bytes,
+                        GemmCorr::MinCodeMask,
+                        GemmCorr::None};
 
 }  // namespace
 
