@@ -190,11 +190,12 @@ def test_gemm_q8_0_activation_code_minus_128(path, data):
     blocks[:, 2:][rng.random((blocks.shape[0], 32)) < 0.1] = 0x80  # weight code -128 too
     X = rng.standard_normal((nb, n)).astype(np.float32)
     tiny = rng.random((nb, n // 32)) < data.draw(st.sampled_from((0.2, 0.5, 1.0)))
-    tiny[0] = True  # one token all tiny
+    tiny[0] = False
     # Per block 2^-119 .. 2^-142: scales from just normal through subnormal with a finite reciprocal
     # (codes off by the scale's rounding) to an infinite one (codes +-127 / -128 only).
     Xb = X.reshape(nb, -1, 32)
     Xb[tiny] *= np.exp2(-rng.integers(119, 143, size=(int(tiny.sum()), 1))).astype(np.float32)
+    Xb[0] *= np.float32(2.0**-130)  # one token all tiny, with -128 codes for its negative values
     codes = _q8_0_act_codes(X)
     assert (codes == -128).any(), "no -128 activation code: the case is not exercised"
     with simd_path(path):
