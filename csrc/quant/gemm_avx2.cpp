@@ -44,63 +44,102 @@ size_t panel_bytes(GgmlType t, int64_t n) {
     }
 }
 
-// Lane r gathers the dword at a byte offset of row r's block; lanes past nrows read nothing (0).
-struct RowGather {
-    __m256i idx, live;
-    explicit RowGather(const GemmGroup& g)
-        : idx(_mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)g.row_bytes))),
-          live(_mm256_cmpgt_epi32(_mm256_set1_epi32(g.nrows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))) {}
-    inline __m256i at(const uint8_t* block0, int64_t off) const {
-        return _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(block0 + off), idx,
-                                           live, 1);
-    }
-};
-
 inline void vst(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
 inline __m256i vld(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256i byte_of(__m256i v, int i) { return _mm256_and_si256(_mm256_srli_epi32(v, 8 * i), _mm256_set1_epi32(255)); }
 inline __m256i bcast32(const uint8_t* p) { return _mm256_set1_epi32((int)load_u32(p)); }
 
-// The f16 scale pair at byte offset off of each live row's block, as two float vectors.
-inline void f16_pair(const GemmGroup& g, const uint8_t* block0, int64_t off, uint8_t* d_out, uint8_t* m_out) {
-    alignas(32) float d[kRows] = {}, m[kRows] = {};
-    for (int r = 0; r < g.nrows; ++r) {
-        const uint8_t* p = block0 + r * g.row_bytes + off;
-        d[r] = _cvtsh_ss(load_u16(p));
-        if (m_out) m[r] = _cvtsh_ss(load_u16(p + 2));
+// ---- panel decoding (once per row group) -------------------------------------------------------
+// As in the AVX-512 files (gemm_avx512_panels.inc), each row's block bytes are loaded contiguously
+// (8 rows side by side) and the dwords transposed in registers, so vector j holds dword j of every
+// row; the 8-lane gathers this replaced (one vpgatherdd per dword) are in docs/gemm.md "Measured".
+
+// In place: x[j] lane r <- x[r] lane j (8 x 8 dwords): dword then qword unpacks leave rows 0-3 /
+// 4-7 of columns j and j + 4 in the two 128-bit lanes, one lane permute joins them.
+inline void transpose_8x8(__m256i* x) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
     }
-    _mm256_store_ps(reinterpret_cast<float*>(d_out), _mm256_load_ps(d));
-    if (m_out) _mm256_store_ps(reinterpret_cast<float*>(m_out), _mm256_load_ps(m));
+    for (int h = 0; h < 2; ++h) {
+        u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+        x[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+        x[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+    }
 }
 
-// Q8_0: the 32 codes of each row's block as 8 dwords (bytes 2 + 4s of the 34-byte block, never
-// past it), stored as they are, and the f16 d as float.
+// v[j] lane r <- dword j of the NDW dwords at p + r * row_bytes (rows >= nrows zero). Exactly those
+// bytes are read: a last chunk of fewer than 8 dwords goes through vpmaskmovd, which does not touch
+// the masked-off dwords (no read past the block, however the rows end).
+template <int NDW>
+inline void load_dwords(const GemmGroup& g, const uint8_t* p, __m256i* v) {
+#pragma GCC unroll 8
+    for (int c = 0; c * 8 < NDW; ++c) {
+        const int k = NDW - 8 * c;
+        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256i x[8];
+        for (int r = 0; r < 8; ++r) {
+            const uint8_t* q = p + 32 * c + r * g.row_bytes;
+            x[r] = r >= g.nrows ? _mm256_setzero_si256()
+                   : k >= 8     ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))
+                                : _mm256_maskload_epi32(reinterpret_cast<const int*>(q), live);
+        }
+        transpose_8x8(x);
+        for (int j = 0; j < 8 && j < k; ++j) v[8 * c + j] = x[j];
+    }
+}
+
+// The low / high f16 of each int32 lane as 8 floats (vpackusdw works per 128-bit lane, so the
+// qword permute gathers the 8 halves into the low lane first).
+inline __m256 f16_lo(__m256i v) {
+    const __m256i h = _mm256_packus_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_setzero_si256());
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(h, 0x08)));
+}
+inline __m256 f16_hi(__m256i v) { return f16_lo(_mm256_srli_epi32(v, 16)); }
+inline void vst_f(uint8_t* p, __m256 v) { _mm256_store_ps(reinterpret_cast<float*>(p), v); }
+
+// The f16 at p + r * row_bytes of each live row (0 for the others) as 8 floats.
+inline __m256 f16_rows(const GemmGroup& g, const uint8_t* p) {
+    alignas(16) uint16_t h[kRows] = {};
+    for (int r = 0; r < g.nrows; ++r) h[r] = load_u16(p + r * g.row_bytes);
+    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// Q8_0: the 32 codes of each row's block (bytes 2..33 of the 34-byte block) as 8 dwords, stored as
+// they are, and the f16 d as float.
 void decode_q8_0(const GemmGroup& g) {
-    const RowGather rows(g);
     for (int64_t b = 0; b < g.n / 32; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ8_0);
         uint8_t* pb = g.panel + b * kQ8_0Blk;
-        for (int s = 0; s < 8; ++s) vst(pb + s * kVec, rows.at(blk, 2 + 4 * s));
-        f16_pair(g, blk, 0, pb + 8 * kVec, nullptr);
+        __m256i v[8];
+        load_dwords<8>(g, blk + 2, v);
+        for (int s = 0; s < 8; ++s) vst(pb + s * kVec, v[s]);
+        vst_f(pb + 8 * kVec, f16_rows(g, blk));
     }
 }
 
 void decode_q2_k(const GemmGroup& g) {
-    const RowGather rows(g);
     const __m256i m3 = _mm256_set1_epi32(0x03030303), m15 = _mm256_set1_epi32(15);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ2K);
         uint8_t* pb = g.panel + b * kQ2KBlk;
-        __m256i sc4[4];
-        for (int q = 0; q < 4; ++q) sc4[q] = rows.at(blk, 4 * q);
+        __m256i v[21];  // dwords 0-3: scales[16], 4-19: qs[64], 20: d | dmin
+        load_dwords<21>(g, blk, v);
+        const __m256i* sc4 = v;
         // k = 128h + 32j + l: bits 2j of qs[32h + l]; sub-block scale index 8h + 2j + l/16.
         for (int h = 0; h < 2; ++h) {
             for (int m = 0; m < 8; ++m) {
-                const __m256i v = rows.at(blk, 16 + 32 * h + 4 * m);
+                const __m256i q4 = v[4 + 8 * h + m];
                 for (int j = 0; j < 4; ++j) {
                     const int i = 8 * h + 2 * j + (m >> 2);
                     const __m256i sc = _mm256_and_si256(byte_of(sc4[i >> 2], i & 3), m15);
-                    const __m256i q = _mm256_and_si256(_mm256_srli_epi32(v, 2 * j), m3);
+                    const __m256i q = _mm256_and_si256(_mm256_srli_epi32(q4, 2 * j), m3);
                     vst(pb + (32 * h + 8 * j + m) * kVec, _mm256_mullo_epi32(q, sc));  // bytes <= 45, no carries
                 }
             }
@@ -110,24 +149,26 @@ void decode_q2_k(const GemmGroup& g) {
             const __m256i hi = _mm256_srli_epi32(byte_of(sc4[p >> 1], 2 * (p & 1) + 1), 4);
             vst(pb + kCodes256 + p * kVec, _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
         }
-        f16_pair(g, blk, 80, pb + kCodes256 + 8 * kVec, pb + kCodes256 + 9 * kVec);
+        vst_f(pb + kCodes256 + 8 * kVec, f16_lo(v[20]));
+        vst_f(pb + kCodes256 + 9 * kVec, f16_hi(v[20]));
     }
 }
 
 void decode_q4_k(const GemmGroup& g) {
-    const RowGather rows(g);
     const __m256i m4 = _mm256_set1_epi32(0x0F0F0F0F), m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15);
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockQ4K);
         uint8_t* pb = g.panel + b * kQ4KBlk;
+        __m256i v[36];  // dword 0: d | dmin, 1-3: the 12 scale bytes, 4-35: qs
+        load_dwords<36>(g, blk, v);
         for (int c = 0; c < 4; ++c) {
             for (int m = 0; m < 8; ++m) {
-                const __m256i v = rows.at(blk, 16 + 32 * c + 4 * m);
-                vst(pb + (16 * c + m) * kVec, _mm256_and_si256(v, m4));
-                vst(pb + (16 * c + 8 + m) * kVec, _mm256_and_si256(_mm256_srli_epi32(v, 4), m4));
+                const __m256i q = v[4 + 8 * c + m];
+                vst(pb + (16 * c + m) * kVec, _mm256_and_si256(q, m4));
+                vst(pb + (16 * c + 8 + m) * kVec, _mm256_and_si256(_mm256_srli_epi32(q, 4), m4));
             }
         }
-        const __m256i s0 = rows.at(blk, 4), s1 = rows.at(blk, 8), s2 = rows.at(blk, 12);
+        const __m256i s0 = v[1], s1 = v[2], s2 = v[3];
         auto sbyte = [&](int i) { return byte_of(i < 4 ? s0 : i < 8 ? s1 : s2, i & 3); };
         for (int k = 0; k < 8; ++k) {
             __m256i sc, mn;
@@ -143,18 +184,20 @@ void decode_q4_k(const GemmGroup& g) {
             vst(pb + kCodes256 + k * kVec, sc);
             vst(pb + kCodes256 + (8 + k) * kVec, _mm256_or_si256(mn, _mm256_slli_epi32(mn, 16)));
         }
-        f16_pair(g, blk, 0, pb + kCodes256 + 16 * kVec, pb + kCodes256 + 17 * kVec);
+        vst_f(pb + kCodes256 + 16 * kVec, f16_lo(v[0]));
+        vst_f(pb + kCodes256 + 17 * kVec, f16_hi(v[0]));
     }
 }
 
 void decode_iq2_xxs(const GemmGroup& g) {
-    const RowGather rows(g);
     const int* grid = reinterpret_cast<const int*>(kIq2xxsGrid);  // dword 2i: low half of row i
     for (int64_t b = 0; b < g.n / QK; ++b) {
         const uint8_t* blk = g.w + b * (int64_t)sizeof(BlockIQ2XXS);
         uint8_t* pb = g.panel + b * kIq2Blk;
+        __m256i v[16];  // the 64 bytes of qs: (grid-index word, sign/scale word) per sub-block
+        load_dwords<16>(g, blk + 2, v);
         for (int ib = 0; ib < 8; ++ib) {
-            const __m256i a = rows.at(blk, 2 + 8 * ib), sw = rows.at(blk, 6 + 8 * ib);
+            const __m256i a = v[2 * ib], sw = v[2 * ib + 1];
             for (int l = 0; l < 4; ++l) {
                 // 8-bit sign pattern: the 7 stored bits and their parity (kIq2Ksigns).
                 const __m256i s7 = _mm256_and_si256(_mm256_srli_epi32(sw, 7 * l), _mm256_set1_epi32(127));
@@ -178,7 +221,7 @@ void decode_iq2_xxs(const GemmGroup& g) {
             vst(pb + kCodes256 + ib * kVec,
                 _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(sw, 28), 1), _mm256_set1_epi32(1)));
         }
-        f16_pair(g, blk, 0, pb + kCodes256 + 8 * kVec, nullptr);
+        vst_f(pb + kCodes256 + 8 * kVec, f16_rows(g, blk));
     }
 }
 
