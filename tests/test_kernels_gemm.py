@@ -15,6 +15,11 @@ types, test_gemm_covers_every_type_on_x86_paths) for matrices/experts with at le
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
+import sys
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -204,6 +209,46 @@ def test_gemm_q8_0_activation_code_minus_128(path, data):
     np.testing.assert_array_equal(Y.view(np.uint32), per_token.view(np.uint32))
     want, tol = _reference(Q.Q8_0, raw, n, rows, X)
     _check_close(Y, want, tol)
+
+
+@contextlib.contextmanager
+def _bytes_before_guard_page(data: np.ndarray):
+    """A copy of `data` whose last byte is the last readable byte before a PROT_NONE page, so a
+    kernel reading past the end of the weights faults instead of reading garbage."""
+    page = mmap.PAGESIZE
+    body = -(-data.size // page) * page
+    m = mmap.mmap(-1, body + page)
+    anchor = ctypes.c_char.from_buffer(m)
+    base = ctypes.addressof(anchor)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    assert libc.mprotect(base + body, page, 0) == 0  # PROT_NONE
+    try:
+        view = np.frombuffer(m, np.uint8, count=data.size, offset=body - data.size)
+        view[:] = data
+        yield view
+    finally:  # readable again before anything can free the mapping (numpy views keep it alive)
+        libc.mprotect(base + body, page, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="mprotect through ctypes: Linux only")
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda q: q.name)
+def test_gemm_decoders_read_nothing_past_the_weights(qtype):
+    """The panel decoders load whole rows of block bytes (masked at block tails); with the weights
+    ending right before an unreadable page, every path, row count and Q8_0 span tail must run (and
+    give the row kernel's bits)."""
+    be, _ = block_size(qtype)
+    for nblk in ((1, 2, 3, 4, 5, 9) if be == 32 else (1, 2)):
+        n = be * nblk
+        for rows in (1, 7, 8, 9, 16, 17):
+            raw = random_weights(qtype, n, rows, 100 * nblk + rows)
+            X = activation(n, 7, "normal", batch=17)
+            with _bytes_before_guard_page(raw) as w:
+                for path in PATHS:
+                    with simd_path(path):
+                        Y = core.matmul(int(qtype), w, (n, rows), X)
+                        want = np.stack([core.matvec(int(qtype), w, (n, rows), x) for x in X])
+                    np.testing.assert_array_equal(Y.view(np.uint32), want.view(np.uint32), err_msg=path)
 
 
 def test_int8_dot_peak_probe():
