@@ -100,8 +100,11 @@ uint8_t* panel_scratch(size_t bytes) {
 int64_t gemm_min_tokens(GgmlType t) {
     // CPU time per token, 2048 x 4096, 2 threads (avx512vnni): the GEMM is ahead from 3-4 tokens
     // on Q8_0 / Q4_K / IQ2_XXS and from about 6 on Q2_K, whose panel takes the most gathers.
-    // (Dense Q8_0 matmul sends batches below 16 to the prepared small-batch kernel first,
-    // matvec.cpp; this value still decides Q8_0 routed experts.)
+    // (Dense Q8_0 matmul sends batches below 16 to the prepared small-batch kernel first where
+    // the path has one, matvec.cpp; this value still decides Q8_0 routed experts.) IQ2_XXS: per
+    // path (GemmKernels::iq2_xxs_min_tokens; 8 on avx2 / avx512, one thread, docs/gemm.md).
+    if (t == GgmlType::IQ2_XXS)
+        if (const GemmKernels* k = table_for_active_path()) return k->iq2_xxs_min_tokens;
     return t == GgmlType::Q2_K ? 6 : 4;
 }
 

@@ -54,6 +54,9 @@ struct GemmKernels {
     size_t (*panel_bytes)(GgmlType t, int64_t n);
     GemmCorr q8_0_corr;  // Q2_K and Q4_K never need any
     GemmCorr iq2_xxs_corr;
+    // gemm_min_tokens for IQ2_XXS: its panel decode costs far more without VBMI (a grid-table
+    // gather per panel vector), so the crossover moves up (docs/gemm.md "Measured").
+    int iq2_xxs_min_tokens;
 };
 
 #if defined(DS4_ARCH_X86)

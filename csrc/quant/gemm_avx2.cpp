@@ -299,7 +299,8 @@ const GemmKernels kAvx2{kRows,
                         run_group<Avx2Vec, decode_iq2_xxs, TileIq2<Avx2Vec>::T>,
                         panel_bytes,
                         GemmCorr::MinCodeMask,
-                        GemmCorr::None};
+                        GemmCorr::None,
+                        8};
 
 }  // namespace
 

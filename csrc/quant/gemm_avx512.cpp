@@ -151,7 +151,8 @@ const GemmKernels kAvx512{16,
                           run_group<Avx512Vec, decode_iq2_xxs, TileIq2<Avx512Vec>::T>,
                           panel_bytes,
                           GemmCorr::MinCodeMask,
-                          GemmCorr::None};
+                          GemmCorr::None,
+                          8};
 
 }  // namespace
 

@@ -166,7 +166,8 @@ const GemmKernels kVnni{16,
                         run_group<VnniVec, decode_iq2_xxs, TileIq2<VnniVec>::T>,
                         panel_bytes,
                         GemmCorr::OffsetSum,
-                        GemmCorr::OffsetSum};
+                        GemmCorr::OffsetSum,
+                        4};
 
 }  // namespace
 
