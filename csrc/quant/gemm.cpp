@@ -125,7 +125,8 @@ void gemm_grouped(GgmlType t, const uint8_t* w, const int64_t* mat_offsets, cons
     GemmGroupFn fn = active_gemm(t, &pbytes, n, &group_rows);
     const int64_t ntok = tok0[n_mats];
     std::vector<int32_t> corr;
-    const GemmCorr kind = corr_kind(*table_for_active_path(), t);
+    const GemmKernels* table = table_for_active_path();
+    const GemmCorr kind = table ? corr_kind(*table, t) : GemmCorr::None;
     if (kind != GemmCorr::None) corr = corrections(kind, t, xq, act_bytes, ntok, n);
     const int64_t groups = (rows + group_rows - 1) / group_rows;
     const int64_t rb = row_bytes(t, n);
