@@ -256,6 +256,12 @@ struct Avx2Vec {
     static vi dot_codes(vi acc, const Codes& w, const uint8_t* x) {
         return ::ds4::quant::dot4(acc, w.abs, _mm256_sign_epi8(bcast32(x), w.w));
     }
+    // |w| <= 63 only (IQ2_XXS): the two steps' int16 pair sums added before the widening.
+    static vi dot_codes2(vi acc, const Codes& w0, const Codes& w1, const uint8_t* x) {
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0.abs, _mm256_sign_epi8(bcast32(x), w0.w)),
+                                           _mm256_maddubs_epi16(w1.abs, _mm256_sign_epi8(bcast32(x + 4), w1.w)));
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    }
     // 256 |w_i| for every code i of mask (activation code -128) where w_i < 0: the products the
     // wrapped vpsignb got as -128 |w_i| instead of +128 |w_i| (rare: subnormal activation scales).
     static vi min_code_fix(const uint8_t* pb, uint32_t mask) {
@@ -273,7 +279,11 @@ struct Avx2Vec {
     static vf zero_f() { return _mm256_setzero_ps(); }
     static vi load_i(const uint8_t* p) { return vld(p); }
     static vf load_f(const uint8_t* p) { return _mm256_load_ps(reinterpret_cast<const float*>(p)); }
-    static vi dot4(vi acc, vi w, const uint8_t* x) { return ::ds4::quant::dot4(acc, w, bcast32(x)); }
+    // Panel bytes <= 63 (Q2_K, Q4_K): the two steps' int16 pair sums added before the widening.
+    static vi dot4x2(vi acc, vi w0, vi w1, const uint8_t* x) {
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast32(x)), _mm256_maddubs_epi16(w1, bcast32(x + 4)));
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    }
     static vi dot2(vi acc, vi m, const uint8_t* x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(m, bcast32(x))); }
     static vi mul32(vi a, vi b) { return _mm256_mullo_epi32(a, b); }
     static vi add32(vi a, vi b) { return _mm256_add_epi32(a, b); }

@@ -105,9 +105,14 @@ struct Avx512Vec {
         const __m512i w = load_i(p);
         return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
     }
-    static vi dot_codes(vi acc, const Codes& w, const uint8_t* x) {
+    static __m512i signed_pairs(const Codes& w, const uint8_t* x) {
         const __m512i a = bcast32(x);
-        return _mm512_add_epi32(acc, madd_ones(_mm512_maddubs_epi16(w.abs, _mm512_mask_sub_epi8(a, w.neg, zero_i(), a))));
+        return _mm512_maddubs_epi16(w.abs, _mm512_mask_sub_epi8(a, w.neg, zero_i(), a));
+    }
+    static vi dot_codes(vi acc, const Codes& w, const uint8_t* x) { return _mm512_add_epi32(acc, madd_ones(signed_pairs(w, x))); }
+    // |w| <= 63 only (IQ2_XXS): the two steps' int16 pair sums added before the widening.
+    static vi dot_codes2(vi acc, const Codes& w0, const Codes& w1, const uint8_t* x) {
+        return _mm512_add_epi32(acc, madd_ones(_mm512_add_epi16(signed_pairs(w0, x), signed_pairs(w1, x + 4))));
     }
     // 256 |w_i| for every code i of mask (activation code -128) where w_i < 0: the products the
     // wrapped negation got as -128 |w_i| instead of +128 |w_i| (rare: subnormal activation scales).
@@ -126,8 +131,10 @@ struct Avx512Vec {
     static vf zero_f() { return _mm512_setzero_ps(); }
     static vi load_i(const uint8_t* p) { return _mm512_load_si512(reinterpret_cast<const void*>(p)); }
     static vf load_f(const uint8_t* p) { return _mm512_load_ps(p); }
-    static vi dot4(vi acc, vi w, const uint8_t* x) {
-        return _mm512_add_epi32(acc, madd_ones(_mm512_maddubs_epi16(w, bcast32(x))));
+    // Panel bytes <= 63 (Q2_K, Q4_K): the two steps' int16 pair sums added before the widening.
+    static vi dot4x2(vi acc, vi w0, vi w1, const uint8_t* x) {
+        const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(w0, bcast32(x)), _mm512_maddubs_epi16(w1, bcast32(x + 4)));
+        return _mm512_add_epi32(acc, madd_ones(p));
     }
     static vi dot2(vi acc, vi m, const uint8_t* x) { return _mm512_add_epi32(acc, _mm512_madd_epi16(m, bcast32(x))); }
     static vi mul32(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
