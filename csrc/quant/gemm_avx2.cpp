@@ -248,6 +248,7 @@ struct Avx2Vec {
                              kQ4KBlk = ::ds4::quant::kQ4KBlk, kQ8_0Blk = ::ds4::quant::kQ8_0Blk,
                              kIq2Blk = ::ds4::quant::kIq2Blk;
     static constexpr bool kOffsetCodes = false;
+    static constexpr bool kPairSteps = true;  // one vpmaddwd + add per two steps where bytes <= 63
     using Codes = SignedCodes;
     static Codes codes(const uint8_t* p) {
         const __m256i w = vld(p);

@@ -100,6 +100,7 @@ struct Avx512Vec {
                              kQ4KBlk = ::ds4::quant::kQ4KBlk, kQ8_0Blk = ::ds4::quant::kQ8_0Blk,
                              kIq2Blk = ::ds4::quant::kIq2Blk;
     static constexpr bool kOffsetCodes = false;
+    static constexpr bool kPairSteps = true;  // one vpmaddwd + add per two steps where bytes <= 63
     using Codes = SignedCodes;
     static Codes codes(const uint8_t* p) {
         const __m512i w = load_i(p);

@@ -133,19 +133,16 @@ struct VnniVec {
                              kIq2Blk = ::ds4::quant::kIq2Blk;
     // Q8_0 / IQ2_XXS panels hold code + 128; the accumulators start at the driver's -128 * sum.
     static constexpr bool kOffsetCodes = true;
+    static constexpr bool kPairSteps = false;  // vpdpbusd needs no pairing
     using Codes = vi;
     static Codes codes(const uint8_t* p) { return vld(p); }
     static vi dot_codes(vi acc, Codes w, const uint8_t* x) { return _mm512_dpbusd_epi32(acc, w, bcast32(x)); }
-    static vi dot_codes2(vi acc, Codes w0, Codes w1, const uint8_t* x) {
-        return dot_codes(dot_codes(acc, w0, x), w1, x + 4);
-    }
     static vi set1_i(int32_t v) { return _mm512_set1_epi32(v); }
     static vi zero_i() { return _mm512_setzero_si512(); }
     static vf zero_f() { return _mm512_setzero_ps(); }
     static vi load_i(const uint8_t* p) { return vld(p); }
     static vf load_f(const uint8_t* p) { return _mm512_load_ps(p); }
     static vi dot4(vi acc, vi w, const uint8_t* x) { return _mm512_dpbusd_epi32(acc, w, bcast32(x)); }
-    static vi dot4x2(vi acc, vi w0, vi w1, const uint8_t* x) { return dot4(dot4(acc, w0, x), w1, x + 4); }
     static vi dot2(vi acc, vi m, const uint8_t* x) { return _mm512_dpwssd_epi32(acc, m, bcast32(x)); }
     static vi mul32(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
     static vi add32(vi a, vi b) { return _mm512_add_epi32(a, b); }
