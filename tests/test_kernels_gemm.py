@@ -10,7 +10,8 @@ What must hold (docs/gemm.md "Numerics"):
   * within the derived float64-reference bound of test_kernels_matvec (no new tolerance).
 These run on every path of core.simd_paths(): the GEMM runs on avx512vnni, avx512 and avx2 (all four
 types, test_gemm_covers_every_type_on_x86_paths) for matrices/experts with at least gemm_min_tokens
-(4; 6 for Q2_K) tokens; elsewhere the row kernels run and the same assertions hold.
+(4; 6 for Q2_K; 8 for IQ2_XXS on avx2 / avx512) tokens; elsewhere the row kernels run and the same
+assertions hold.
 """
 
 from __future__ import annotations

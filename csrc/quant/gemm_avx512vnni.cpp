@@ -16,6 +16,8 @@
 //   Q8_0:       term_b = (d*xd)*(float)isum; lane j = sum over groups g of term_{8g+j} (j < 8,
 //               whole groups of 8 blocks), reduced as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then
 //               the remaining blocks added one by one (x86_q8_0_n in dot_x86_common.inc).
+// The tiles themselves are gemm_tiles.inc's, shared with the plain AVX-512 and AVX2 files; this
+// file supplies the vpdpbusd vector struct and the VBMI IQ2_XXS decoder.
 #include "quant/avx512_intrinsics.h"
 
 #include <type_traits>
