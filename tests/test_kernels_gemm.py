@@ -8,12 +8,18 @@ What must hold (docs/gemm.md "Numerics"):
     kernels are), and for Q8_0 within twice the derived bound of test_kernels_matvec (the x86 Q8_0
     row kernel sums blocks in eight lanes, scalar sequentially);
   * within the derived float64-reference bound of test_kernels_matvec (no new tolerance).
-These run on every path of core.simd_paths(): the GEMM runs on avx512vnni (all four types), avx512
-(Q2_K, Q4_K) and avx2 (Q2_K, Q4_K, IQ2_XXS) for matrices/experts with at least gemm_min_tokens (4; 6 for Q2_K)
-tokens; elsewhere the row kernels run and the same assertions hold.
+These run on every path of core.simd_paths(): the GEMM runs on avx512vnni, avx512 and avx2 (all four
+types, test_gemm_covers_every_type_on_x86_paths) for matrices/experts with at least gemm_min_tokens
+(4; 6 for Q2_K; 8 for IQ2_XXS on avx2 / avx512) tokens; elsewhere the row kernels run and the same
+assertions hold.
 """
 
 from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import sys
 
 import numpy as np
 import pytest
@@ -151,6 +157,99 @@ def test_reference_bound_catches_one_code_decoding_error(qtype):
     assert (err[:, r] > tol[:, r]).any(), "a one-code error went unnoticed"
     others = np.delete(np.arange(rows), r)
     assert (err[:, others] <= tol[:, others]).all()
+
+
+GEMM_PATHS = [p for p in PATHS if p in ("avx2", "avx512", "avx512vnni", "neon")]
+
+
+@pytest.mark.parametrize("path", GEMM_PATHS)
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda q: q.name)
+def test_gemm_covers_every_type_on_x86_paths(path, qtype):
+    """Every quantised type has a GEMM on every SIMD path that has one at all (so the bit-identity
+    tests above compare the GEMM with the row kernel, not the row kernel with itself); scalar none."""
+    with simd_path(path):
+        assert core.gemm_active(int(qtype), 4096)
+    with simd_path("scalar"):
+        assert not core.gemm_active(int(qtype), 4096)
+
+
+def _q8_0_act_codes(x):
+    q = core.quantize_act(int(Q.Q8_0), x).reshape(-1, 36)
+    return q[:, 4:].view(np.int8)
+
+
+# The AVX2 / plain AVX-512 Q8_0 tiles multiply |w| by the activation code carrying w's sign, which
+# wraps for an activation code of -128 (blocks whose scale is subnormal, quantize_act.cpp) against a
+# negative w; the driver's mask of those codes lets the tile add the difference back
+# (docs/gemm.md "Signed codes"). Blocks of tiny values next to ordinary ones, weights with every
+# code including -128, and whole tokens of tiny values (whose outputs are tiny too, so a missing
+# correction is not rounded away under larger terms).
+@pytest.mark.parametrize("path", PATHS)
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_gemm_q8_0_activation_code_minus_128(path, data):
+    n = 32 * data.draw(st.integers(1, 20))
+    rows, nb = data.draw(st.integers(1, 40)), data.draw(st.integers(16, 24))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    raw = random_weights(Q.Q8_0, n, rows, data.draw(st.integers(0, 2**32 - 1)))
+    blocks = raw.reshape(-1, 34)
+    blocks[:, 2:][rng.random((blocks.shape[0], 32)) < 0.1] = 0x80  # weight code -128 too
+    X = rng.standard_normal((nb, n)).astype(np.float32)
+    tiny = rng.random((nb, n // 32)) < data.draw(st.sampled_from((0.2, 0.5, 1.0)))
+    tiny[0] = False
+    # Per block 2^-119 .. 2^-142: scales from just normal through subnormal with a finite reciprocal
+    # (codes off by the scale's rounding) to an infinite one (codes +-127 / -128 only).
+    Xb = X.reshape(nb, -1, 32)
+    Xb[tiny] *= np.exp2(-rng.integers(119, 143, size=(int(tiny.sum()), 1))).astype(np.float32)
+    Xb[0] *= np.float32(2.0**-130)  # one token all tiny, with -128 codes for its negative values
+    codes = _q8_0_act_codes(X)
+    assert (codes == -128).any(), "no -128 activation code: the case is not exercised"
+    with simd_path(path):
+        Y = core.matmul(int(Q.Q8_0), raw, (n, rows), X)
+        per_token = np.stack([core.matvec(int(Q.Q8_0), raw, (n, rows), x) for x in X])
+    np.testing.assert_array_equal(Y.view(np.uint32), per_token.view(np.uint32))
+    want, tol = _reference(Q.Q8_0, raw, n, rows, X)
+    _check_close(Y, want, tol)
+
+
+@contextlib.contextmanager
+def _bytes_before_guard_page(data: np.ndarray):
+    """A copy of `data` whose last byte is the last readable byte before a PROT_NONE page, so a
+    kernel reading past the end of the weights faults instead of reading garbage."""
+    page = mmap.PAGESIZE
+    body = -(-data.size // page) * page
+    m = mmap.mmap(-1, body + page)
+    anchor = ctypes.c_char.from_buffer(m)
+    base = ctypes.addressof(anchor)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    assert libc.mprotect(base + body, page, 0) == 0  # PROT_NONE
+    try:
+        view = np.frombuffer(m, np.uint8, count=data.size, offset=body - data.size)
+        view[:] = data
+        yield view
+    finally:  # readable again before anything can free the mapping (numpy views keep it alive)
+        libc.mprotect(base + body, page, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="mprotect through ctypes: Linux only")
+@pytest.mark.parametrize("qtype", QUANT_TYPES, ids=lambda q: q.name)
+def test_gemm_decoders_read_nothing_past_the_weights(qtype):
+    """The panel decoders load whole rows of block bytes (masked at block tails); with the weights
+    ending right before an unreadable page, every path, row count and Q8_0 span tail must run (and
+    give the row kernel's bits)."""
+    be, _ = block_size(qtype)
+    for nblk in ((1, 2, 3, 4, 5, 9) if be == 32 else (1, 2)):
+        n = be * nblk
+        for rows in (1, 7, 8, 9, 16, 17):
+            raw = random_weights(qtype, n, rows, 100 * nblk + rows)
+            X = activation(n, 7, "normal", batch=17)
+            with _bytes_before_guard_page(raw) as w:
+                for path in PATHS:
+                    with simd_path(path):
+                        Y = core.matmul(int(qtype), w, (n, rows), X)
+                        want = np.stack([core.matvec(int(qtype), w, (n, rows), x) for x in X])
+                    np.testing.assert_array_equal(Y.view(np.uint32), want.view(np.uint32), err_msg=path)
 
 
 def test_int8_dot_peak_probe():

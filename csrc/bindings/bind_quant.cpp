@@ -309,4 +309,9 @@ void init_quant(py::module_& m) {
         }
         return py::dict(py::arg("macs") = p.macs, py::arg("wall_s") = p.wall_s, py::arg("cpu_s") = p.cpu_s);
     }, py::arg("iters"), "tight vpdpbusd loop on every pool thread (bench/kernels.py's int8 peak); macs 0 without VNNI");
+    m.def("gemm_active", [](int qtype, int64_t n) {
+        return ds4::quant::active_gemm(checked_type(qtype), nullptr, n) != nullptr;
+    }, py::arg("qtype"), py::arg("n"),
+          "whether matmul runs the register-blocked GEMM (docs/gemm.md) for this weight type on the active "
+          "SIMD path (given enough tokens); False: the row kernels");
 }

@@ -50,16 +50,19 @@ GemmGroupFn pick(const GemmKernels& k, GgmlType t) {
     }
 }
 
-// The kernels feed the weights to vpdpbusd as unsigned bytes (code + 128) for the signed formats,
-// so each group of 32 activation codes needs -128 * (their sum) added back: computed once per
-// call for every token (n/32 int32 per token, a few KiB), shared by all row groups.
-// (The AVX2 kernels do not use them; computing them anyway costs n/32 additions per token. NEON's
-// sdot multiplies signed by signed and never needs them.)
-bool needs_corrections(GgmlType t) {
-    return (t == GgmlType::Q8_0 || t == GgmlType::IQ2_XXS) && simd_path() != SimdPath::NEON;
+// The activation-side data a kernel asks for (GemmKernels::*_corr), computed once per call for
+// every token (n/32 int32 per token, a few KiB) and shared by all row groups:
+//  * OffsetSum: vpdpbusd multiplies unsigned bytes, so the VNNI panels hold code + 128 and each
+//    group of 32 activation codes needs -128 * (their sum) added back;
+//  * MinCodeMask: the AVX2 / plain AVX-512 Q8_0 tiles multiply |w| by the activation code with w's
+//    sign moved onto it, which wraps for a code of -128 (only in blocks with a subnormal scale,
+//    quantize_act.cpp); the mask of those codes (almost always 0) lets the tile correct them.
+GemmCorr corr_kind(const GemmKernels& k, GgmlType t) {
+    return t == GgmlType::Q8_0 ? k.q8_0_corr : t == GgmlType::IQ2_XXS ? k.iq2_xxs_corr : GemmCorr::None;
 }
 
-std::vector<int32_t> corrections(GgmlType t, const uint8_t* xq, int64_t act_bytes, int64_t ntok, int64_t n) {
+std::vector<int32_t> corrections(GemmCorr kind, GgmlType t, const uint8_t* xq, int64_t act_bytes, int64_t ntok,
+                                 int64_t n) {
     const int64_t groups = n / 32;
     std::vector<int32_t> corr((size_t)(ntok * groups));
     for (int64_t tok = 0; tok < ntok; ++tok) {
@@ -70,8 +73,15 @@ std::vector<int32_t> corrections(GgmlType t, const uint8_t* xq, int64_t act_byte
                 t == GgmlType::Q8_0 ? x + g * (int64_t)sizeof(BlockQ8_0Act) + 4
                                     : x + (g / 8) * (int64_t)sizeof(BlockQ8K) + 4 + (g % 8) * 32);
             int32_t s = 0;
-            for (int i = 0; i < 32; ++i) s += q[i];
-            corr[(size_t)(tok * groups + g)] = -128 * s;
+            if (kind == GemmCorr::OffsetSum) {
+                for (int i = 0; i < 32; ++i) s += q[i];
+                s *= -128;
+            } else {
+                uint32_t m = 0;
+                for (int i = 0; i < 32; ++i) m |= (uint32_t)(q[i] == -128) << i;
+                s = (int32_t)m;
+            }
+            corr[(size_t)(tok * groups + g)] = s;
         }
     }
     return corr;
@@ -90,8 +100,11 @@ uint8_t* panel_scratch(size_t bytes) {
 int64_t gemm_min_tokens(GgmlType t) {
     // CPU time per token, 2048 x 4096, 2 threads (avx512vnni): the GEMM is ahead from 3-4 tokens
     // on Q8_0 / Q4_K / IQ2_XXS and from about 6 on Q2_K, whose panel takes the most gathers.
-    // (Dense Q8_0 matmul sends batches below 16 to the prepared small-batch kernel first,
-    // matvec.cpp; this value still decides Q8_0 routed experts.)
+    // (Dense Q8_0 matmul sends batches below 16 to the prepared small-batch kernel first where
+    // the path has one, matvec.cpp; this value still decides Q8_0 routed experts.) IQ2_XXS: per
+    // path (GemmKernels::iq2_xxs_min_tokens; 8 on avx2 / avx512, one thread, docs/gemm.md).
+    if (t == GgmlType::IQ2_XXS)
+        if (const GemmKernels* k = table_for_active_path()) return k->iq2_xxs_min_tokens;
     return t == GgmlType::Q2_K ? 6 : 4;
 }
 
@@ -112,7 +125,9 @@ void gemm_grouped(GgmlType t, const uint8_t* w, const int64_t* mat_offsets, cons
     GemmGroupFn fn = active_gemm(t, &pbytes, n, &group_rows);
     const int64_t ntok = tok0[n_mats];
     std::vector<int32_t> corr;
-    if (needs_corrections(t)) corr = corrections(t, xq, act_bytes, ntok, n);
+    const GemmKernels* table = table_for_active_path();
+    const GemmCorr kind = table ? corr_kind(*table, t) : GemmCorr::None;
+    if (kind != GemmCorr::None) corr = corrections(kind, t, xq, act_bytes, ntok, n);
     const int64_t groups = (rows + group_rows - 1) / group_rows;
     const int64_t rb = row_bytes(t, n);
     // Work items (matrix, row group) for the matrices that have tokens.

@@ -28,7 +28,7 @@ struct GemmGroup {
     int64_t n;               // row length (whole blocks)
     const uint8_t* xq;       // activation of token 0, as quantize_act wrote it
     int64_t act_bytes;       // distance between token activations
-    const int32_t* corr;     // per token, per 32 codes: -128 * their sum (Q8_0, IQ2_XXS), else nullptr
+    const int32_t* corr;     // per token, per 32 codes: what the kernel's GemmCorr asks for, else nullptr
     int64_t ntok;
     float* const* y;         // y[t][row0 + i]: output of row i of the group for token t
     int64_t row0;
@@ -37,6 +37,14 @@ struct GemmGroup {
 
 using GemmGroupFn = void (*)(const GemmGroup& g);
 
+// What the driver computes once per call for every token and 32 activation codes (GemmGroup::corr).
+enum class GemmCorr : uint8_t {
+    None,         // nothing: corr is nullptr
+    OffsetSum,    // -128 * (sum of the codes): the panel holds code + 128 for vpdpbusd
+    MinCodeMask,  // bit i set where code i is -128: the Q8_0 tiles that move the weight's sign onto
+                  // the activation code (vpmaddubsw on |w|) correct those products (docs/gemm.md)
+};
+
 struct GemmKernels {
     int rows;  // weight rows per group (panel width)
     GemmGroupFn q8_0;  // nullptr: that type keeps the row kernels on this path
@@ -44,12 +52,17 @@ struct GemmKernels {
     GemmGroupFn q4_k;
     GemmGroupFn iq2_xxs;
     size_t (*panel_bytes)(GgmlType t, int64_t n);
+    GemmCorr q8_0_corr;  // Q2_K and Q4_K never need any
+    GemmCorr iq2_xxs_corr;
+    // gemm_min_tokens for IQ2_XXS: its panel decode costs far more without VBMI (a grid-table
+    // gather per panel vector), so the crossover moves up (docs/gemm.md "Measured").
+    int iq2_xxs_min_tokens;
 };
 
 #if defined(DS4_ARCH_X86)
 const GemmKernels& avx512vnni_gemm();  // gemm_avx512vnni.cpp
-const GemmKernels& avx512_gemm();      // gemm_avx512.cpp (plain AVX-512BW: Q2_K, Q4_K)
-const GemmKernels& avx2_gemm();        // gemm_avx2.cpp (Q2_K, Q4_K, IQ2_XXS)
+const GemmKernels& avx512_gemm();      // gemm_avx512.cpp (plain AVX-512BW)
+const GemmKernels& avx2_gemm();        // gemm_avx2.cpp
 // 12 independent vpdpbusd zmm chains, iters rounds: 12 * 64 * iters int8 multiply-adds. The
 // return value depends on every accumulator (so the loop is not optimised away).
 int64_t avx512vnni_dot_loop(int64_t iters);

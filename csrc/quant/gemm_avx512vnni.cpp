@@ -16,6 +16,8 @@
 //   Q8_0:       term_b = (d*xd)*(float)isum; lane j = sum over groups g of term_{8g+j} (j < 8,
 //               whole groups of 8 blocks), reduced as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then
 //               the remaining blocks added one by one (x86_q8_0_n in dot_x86_common.inc).
+// The tiles themselves are gemm_tiles.inc's, shared with the plain AVX-512 and AVX2 files; this
+// file supplies the vpdpbusd vector struct and the VBMI IQ2_XXS decoder.
 #include "quant/avx512_intrinsics.h"
 
 #include <type_traits>
@@ -33,8 +35,6 @@ constexpr int kTokTile = 8;  // tokens per register tile (8 x 3 accumulators + o
 
 // Panels of Q8_0, Q2_K, Q4_K: layout constants and decoders shared with the plain AVX-512 file.
 #include "quant/gemm_avx512_panels.inc"
-
-constexpr int64_t kIq2Blk = kCodes256 + 8 * kVec + kVec;  // codes, scales, d
 
 size_t panel_bytes(GgmlType t, int64_t n) {
     switch (t) {
@@ -124,13 +124,22 @@ void decode_iq2_xxs(const GemmGroup& g) {
 inline __m512i vld(const uint8_t* p) { return _mm512_load_si512(reinterpret_cast<const void*>(p)); }
 inline __m512i bcast32(const uint8_t* p) { return _mm512_set1_epi32((int)load_u32(p)); }
 
-// The 512-bit vectors of gemm_tiles.inc: vpdpbusd / vpdpwssd with the activation dword broadcast.
+// The 512-bit vectors of gemm_tiles.inc: vpdpbusd / vpdpwssd with the activation dword broadcast
+// (the Q8_0 and IQ2_XXS tiles too).
 struct VnniVec {
     using vi = __m512i;
     using vf = __m512;
     static constexpr int kTile = kTokTile;
     static constexpr int64_t kVec = 64, kCodes256 = ::ds4::quant::kCodes256, kQ2KBlk = ::ds4::quant::kQ2KBlk,
-                             kQ4KBlk = ::ds4::quant::kQ4KBlk;
+                             kQ4KBlk = ::ds4::quant::kQ4KBlk, kQ8_0Blk = ::ds4::quant::kQ8_0Blk,
+                             kIq2Blk = ::ds4::quant::kIq2Blk;
+    // Q8_0 / IQ2_XXS panels hold code + 128; the accumulators start at the driver's -128 * sum.
+    static constexpr bool kOffsetCodes = true;
+    static constexpr bool kPairSteps = false;  // vpdpbusd needs no pairing
+    using Codes = vi;
+    static Codes codes(const uint8_t* p) { return vld(p); }
+    static vi dot_codes(vi acc, Codes w, const uint8_t* x) { return _mm512_dpbusd_epi32(acc, w, bcast32(x)); }
+    static vi set1_i(int32_t v) { return _mm512_set1_epi32(v); }
     static vi zero_i() { return _mm512_setzero_si512(); }
     static vf zero_f() { return _mm512_setzero_ps(); }
     static vi load_i(const uint8_t* p) { return vld(p); }
@@ -151,118 +160,17 @@ struct VnniVec {
 
 #include "quant/gemm_tiles.inc"
 
-// The int32 block sum of Q8_0 block b for NT tokens (start value: the activation correction).
-template <int NT>
-inline void q8_0_isum(const GemmGroup& g, const uint8_t* const* x, const int32_t* const* corr, int64_t b,
-                      __m512i* isum) {
-    const uint8_t* pb = g.panel + b * kQ8_0Blk;
-    for (int t = 0; t < NT; ++t) isum[t] = _mm512_set1_epi32(corr[t][b]);
-    const uint8_t* xa[NT];
-    for (int t = 0; t < NT; ++t) xa[t] = x[t] + b * (int64_t)sizeof(BlockQ8_0Act) + 4;
-    for (int s = 0; s < 8; ++s) {
-        const __m512i w = vld(pb + s * kVec);
-        for (int t = 0; t < NT; ++t) isum[t] = _mm512_dpbusd_epi32(isum[t], w, bcast32(xa[t] + 4 * s));
-    }
-}
-
-template <int NT>
-inline __m512 q8_0_term(const GemmGroup& g, const uint8_t* xt, int64_t b, __m512i isum) {
-    const __m512 d = _mm512_load_ps(g.panel + b * kQ8_0Blk + 8 * kVec);
-    const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(load_f32(xt + b * (int64_t)sizeof(BlockQ8_0Act))));
-    return _mm512_mul_ps(scale, _mm512_cvtepi32_ps(isum));
-}
-
-template <int NT>
-void tile_q8_0(const GemmGroup& g, int64_t t0) {
-    const int64_t nb = g.n / 32, groups = nb / 8, groups_per_tok = g.n / 32;
-    const uint8_t* x[NT];
-    const int32_t* corr[NT];
-    for (int t = 0; t < NT; ++t) {
-        x[t] = g.xq + (t0 + t) * g.act_bytes;
-        corr[t] = g.corr + (t0 + t) * groups_per_tok;
-    }
-    __m512 sum[NT];
-    if (groups == 0)
-        for (int t = 0; t < NT; ++t) sum[t] = _mm512_setzero_ps();
-    else {
-        // Blocks in file order, block b into lane b % 8 (the lanes live on the stack, in L1): the
-        // panel and every token's activation are read once, front to back, which the hardware
-        // prefetchers follow; a lane-by-lane pass (8 strided sweeps) was ~20 % slower at 512 tokens,
-        // whose activations (2.3 MiB at n = 4096) do not stay in L2. Same additions per lane.
-        __m512 lane[8][NT];
-        // Group 0 starts each lane as 0 + term (the very addition a zeroed lane would do: same
-        // bits, -0 included) rather than zeroing the 8 x NT array first, which GCC turned into a
-        // rep stos costing ~7 % of this tile in a `small` prefill (n = 1024: 4 groups per call).
-        auto group = [&](int64_t gi, auto first) {
-            for (int j = 0; j < 8; ++j) {
-                __m512i isum[NT];
-                q8_0_isum<NT>(g, x, corr, 8 * gi + j, isum);
-                for (int t = 0; t < NT; ++t) {
-                    const __m512 prev = decltype(first)::value ? _mm512_setzero_ps() : lane[j][t];
-                    lane[j][t] = _mm512_add_ps(prev, q8_0_term<NT>(g, x[t], 8 * gi + j, isum[t]));
-                }
-            }
-        };
-        group(0, std::true_type{});
-        for (int64_t gi = 1; gi < groups; ++gi) group(gi, std::false_type{});
-        for (int t = 0; t < NT; ++t) {
-            const __m512 a0 = _mm512_add_ps(lane[0][t], lane[4][t]), a1 = _mm512_add_ps(lane[1][t], lane[5][t]);
-            const __m512 a2 = _mm512_add_ps(lane[2][t], lane[6][t]), a3 = _mm512_add_ps(lane[3][t], lane[7][t]);
-            sum[t] = _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
-        }
-    }
-    for (int64_t b = groups * 8; b < nb; ++b) {
-        __m512i isum[NT];
-        q8_0_isum<NT>(g, x, corr, b, isum);
-        for (int t = 0; t < NT; ++t) sum[t] = _mm512_add_ps(sum[t], q8_0_term<NT>(g, x[t], b, isum[t]));
-    }
-    store_tile<VnniVec, NT>(g, t0, sum);
-}
-
-template <int NT>
-void tile_iq2_xxs(const GemmGroup& g, int64_t t0) {
-    const int64_t groups_per_tok = g.n / 32;
-    __m512 sumf[NT];
-    for (int t = 0; t < NT; ++t) sumf[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < g.n / QK; ++b) {
-        const uint8_t* pb = g.panel + b * kIq2Blk;
-        const uint8_t* xb[NT];
-        const int32_t* corr[NT];
-        for (int t = 0; t < NT; ++t) {
-            xb[t] = g.xq + (t0 + t) * g.act_bytes + b * (int64_t)sizeof(BlockQ8K);
-            corr[t] = g.corr + (t0 + t) * groups_per_tok + 8 * b;
-        }
-        __m512i bsum[NT];
-        for (int t = 0; t < NT; ++t) bsum[t] = _mm512_setzero_si512();
-        for (int ib = 0; ib < 8; ++ib) {
-            __m512i part[NT];
-            for (int t = 0; t < NT; ++t) part[t] = _mm512_set1_epi32(corr[t][ib]);
-            for (int s = 8 * ib; s < 8 * ib + 8; ++s) {
-                const __m512i w = vld(pb + s * kVec);
-                for (int t = 0; t < NT; ++t) part[t] = _mm512_dpbusd_epi32(part[t], w, bcast32(xb[t] + 4 + 4 * s));
-            }
-            const __m512i sc = vld(pb + kCodes256 + ib * kVec);
-            for (int t = 0; t < NT; ++t) bsum[t] = _mm512_add_epi32(bsum[t], _mm512_mullo_epi32(part[t], sc));
-        }
-        const __m512 d = _mm512_load_ps(pb + kCodes256 + 8 * kVec);
-        for (int t = 0; t < NT; ++t) {
-            const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(load_f32(xb[t])));
-            sumf[t] = _mm512_add_ps(sumf[t], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(bsum[t])));
-        }
-    }
-    for (int t = 0; t < NT; ++t) sumf[t] = _mm512_mul_ps(_mm512_set1_ps(0.125f), sumf[t]);
-    store_tile<VnniVec, NT>(g, t0, sumf);
-}
-
 // ---- group drivers: decode once, then every token tile (gemm_tiles.inc) ------------------------
 
-template <int NT> struct TileQ8_0 { static void run(const GemmGroup& g, int64_t t0) { tile_q8_0<NT>(g, t0); } };
-template <int NT> struct TileIq2 { static void run(const GemmGroup& g, int64_t t0) { tile_iq2_xxs<NT>(g, t0); } };
-
-const GemmKernels kVnni{16, run_group<VnniVec, decode_q8_0, TileQ8_0>,
+const GemmKernels kVnni{16,
+                        run_group<VnniVec, decode_q8_0<true>, TileQ8_0<VnniVec>::T>,
                         run_group<VnniVec, decode_q2_k, TileQ2K<VnniVec>::T>,
-                        run_group<VnniVec, decode_q4_k, TileQ4K<VnniVec>::T>, run_group<VnniVec, decode_iq2_xxs, TileIq2>,
-                        panel_bytes};
+                        run_group<VnniVec, decode_q4_k, TileQ4K<VnniVec>::T>,
+                        run_group<VnniVec, decode_iq2_xxs, TileIq2<VnniVec>::T>,
+                        panel_bytes,
+                        GemmCorr::OffsetSum,
+                        GemmCorr::OffsetSum,
+                        4};
 
 }  // namespace
 

@@ -481,7 +481,8 @@ template <int NT> struct TileQ4K { static void run(const GemmGroup& g, int64_t t
 template <int NT> struct TileIq2 { static void run(const GemmGroup& g, int64_t t0) { tile_iq2_xxs<NT>(g, t0); } };
 
 const GemmKernels kNeon{kRows, run_q8_0, run_group<decode_q2_k, TileQ2K>, run_group<decode_q4_k, TileQ4K>,
-                        run_group<decode_iq2_xxs, TileIq2>, panel_bytes};
+                        run_group<decode_iq2_xxs, TileIq2>, panel_bytes, GemmCorr::None, GemmCorr::None,
+                        4};
 
 }  // namespace
 
@@ -490,7 +491,9 @@ const GemmKernels& neon_gemm() { return kNeon; }
 #else  // no dotprod in this build: every type keeps the row kernels
 
 const GemmKernels& neon_gemm() {
-    static const GemmKernels k{8, nullptr, nullptr, nullptr, nullptr, [](GgmlType, int64_t) -> size_t { return 0; }};
+    static const GemmKernels k{8,       nullptr,        nullptr,        nullptr, nullptr,
+                               [](GgmlType, int64_t) -> size_t { return 0; },
+                               GemmCorr::None, GemmCorr::None, 4};
     return k;
 }
 
