@@ -141,14 +141,20 @@ def _bench_experts_shape(args, paths, copy_gbs, results, rows_out, n, rows, n_ex
         for path in paths:
             core.set_simd_path(path)
             it = iter(range(10**9))
-            secs = time_call(lambda: core.matvec_experts(int(qtype), raw, (n, rows, n_expert), id_sets[next(it) % 64], x),
-                             args.repeats, warmup=2, min_time=0.05)
+            def call():
+                return core.matvec_experts(int(qtype), raw, (n, rows, n_expert), id_sets[next(it) % 64], x)
+
+            secs = time_call(call, args.repeats, warmup=2, min_time=0.05)
+            # CPU time as well: under load the wall figures swing several-fold, CPU time does not
+            # (docs/kernels.md "Measuring"); GB/cpu-s is per thread busy, best-of is the kernel's speed.
+            cpu = time_call(call, args.repeats, warmup=0, min_time=0.05, clock=time.process_time)
             name = f"experts/{qtype.name}/{n_expert}x{rows}x{n}/k{k}/{path}/t{args.threads}"
             r = measure(name, "GB/s", [streamed / s / 1e9 for s in secs], bytes=int(streamed))
-            results.append(r)
+            rc = measure(name + "/per_cpu_s", "GB/s", [streamed / c / 1e9 for c in cpu])
+            results += [r, rc]
             rows_out.append({"case": f"experts {n_expert}x{rows}x{n} k={k}", "type": qtype.name, "path": path,
                              "GB/s": r.median, "spread": f"{r.min:.3g}-{r.max:.3g}", "of_copy": r.median / copy_gbs,
-                             "_names": {"GB/s": name}})
+                             "GB/cpu-s": rc.median, "GB/cpu-s best": rc.max, "_names": {"GB/s": name}})
         del raw
 
 
@@ -280,7 +286,8 @@ def main(argv=None) -> None:
             for row in rows_out:
                 row["of_read"] = row["GB/s"] / read.median
             print(f"\nweight streaming, {args.threads} threads (of_copy / of_read = GB/s / copy / read bandwidth)")
-            _table(rows_out, ["case", "type", "path", "GB/s", "spread", "of_copy", "of_read"], results, args)
+            _table(rows_out, ["case", "type", "path", "GB/s", "spread", "of_copy", "of_read", "GB/cpu-s", "GB/cpu-s best"],
+                   results, args)
         if "half" in sections:
             rows_out = []
             bench_half(args, paths, results, rows_out)

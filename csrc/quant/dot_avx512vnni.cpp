@@ -98,6 +98,8 @@ struct Iq2BlockVbmi {
     }
 };
 
+#include "quant/iq2xxs_rows_vbmi.inc"
+
 // ---- Q8_0 with the activations prepared once per matvec / matmul ------------------------------
 // x86_q8_0_n forms each block's sum_i w_i x_i with vpdpbusd as (x + 128) * w minus a weight-side
 // correction 128 * sum w that it recomputes for every row and block, and reduces every block's
@@ -401,7 +403,7 @@ DotKernels make_avx512vnni_table() {
     k.iq2_xxs = x86_single<x86_iq2_xxs_n<Iq2BlockVbmi, 1>>;
     k.iq2_xxs_n = x86_multi<x86_iq2_xxs_n<Iq2BlockVbmi, 1>, x86_iq2_xxs_n<Iq2BlockVbmi, 2>,
                             x86_iq2_xxs_n<Iq2BlockVbmi, 3>, x86_iq2_xxs_n<Iq2BlockVbmi, 4>>;
-    k.iq2_xxs_rows = x86_iq2_xxs_rows<Iq2BlockVbmi>;
+    k.iq2_xxs_rows = iq2_xxs_rows_vbmi;
     return k;
 }
 }  // namespace
