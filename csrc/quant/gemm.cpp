@@ -59,10 +59,14 @@ bool needs_corrections(GgmlType t) {
     return (t == GgmlType::Q8_0 || t == GgmlType::IQ2_XXS) && simd_path() != SimdPath::NEON;
 }
 
-std::vector<int32_t> corrections(GgmlType t, const uint8_t* xq, int64_t act_bytes, int64_t ntok, int64_t n) {
+std::vector<int32_t> corrections(GgmlType t, const uint8_t* xq, int64_t act_bytes, int64_t ntok, int64_t n,
+                                 ThreadPool& pool) {
     const int64_t groups = n / 32;
     std::vector<int32_t> corr((size_t)(ntok * groups));
-    for (int64_t tok = 0; tok < ntok; ++tok) {
+    // Split over tokens: a routed-experts call has thousands of (token, slot) rows, which the
+    // calling thread alone would otherwise sum while the others wait (docs/gemm.md, "Prefill profile").
+    pool.parallel_for(ntok, [&](int64_t tok0, int64_t tok1) {
+    for (int64_t tok = tok0; tok < tok1; ++tok) {
         const uint8_t* x = xq + tok * act_bytes;
         for (int64_t g = 0; g < groups; ++g) {
             // Q8_0 activation blocks: 4-byte scale + 32 codes; Q8_K: 4-byte scale, 256 codes, bsums.
@@ -74,6 +78,7 @@ std::vector<int32_t> corrections(GgmlType t, const uint8_t* xq, int64_t act_byte
             corr[(size_t)(tok * groups + g)] = -128 * s;
         }
     }
+    }, 16);
     return corr;
 }
 
@@ -112,7 +117,7 @@ void gemm_grouped(GgmlType t, const uint8_t* w, const int64_t* mat_offsets, cons
     GemmGroupFn fn = active_gemm(t, &pbytes, n, &group_rows);
     const int64_t ntok = tok0[n_mats];
     std::vector<int32_t> corr;
-    if (needs_corrections(t)) corr = corrections(t, xq, act_bytes, ntok, n);
+    if (needs_corrections(t)) corr = corrections(t, xq, act_bytes, ntok, n, pool);
     const int64_t groups = (rows + group_rows - 1) / group_rows;
     const int64_t rb = row_bytes(t, n);
     // Work items (matrix, row group) for the matrices that have tokens.

@@ -418,10 +418,12 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
     }
     const uint8_t* xb = static_cast<const uint8_t*>(xq);
     std::vector<uint8_t> acts((size_t)(n_pairs * ab));
-    for (int64_t k = 0; k < n_pairs; ++k) {
-        const int64_t p = order[(size_t)k];
-        std::memcpy(acts.data() + k * ab, xb + (p / n_used) * tok_stride + (p % n_used) * slot_stride, (size_t)ab);
-    }
+    pool_or_global(pool).parallel_for(n_pairs, [&](int64_t k0, int64_t k1) {   // MiBs in a prefill
+        for (int64_t k = k0; k < k1; ++k) {
+            const int64_t p = order[(size_t)k];
+            std::memcpy(acts.data() + k * ab, xb + (p / n_used) * tok_stride + (p % n_used) * slot_stride, (size_t)ab);
+        }
+    }, 64);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
     const int64_t mat_bytes = rb * rows;
     // Experts with enough tokens run the register-blocked GEMM (gemm.h, same bits as the row

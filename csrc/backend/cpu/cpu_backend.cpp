@@ -198,10 +198,14 @@ public:
     }
 
     void store_row_f16(const StoreRowF16Args& a) override {
-        const int64_t n = a.src.width() * a.src.rows();
+        const int64_t w = a.src.width();
         const float* s = f32(a.src);
         float* d = f32(a.dst);
-        for (int64_t i = 0; i < n; ++i) d[i] = f16_round(s[i]);
+        // A prefill rounds the whole batch's KV rows in place at once: split it like any row-wise
+        // step (one element at a time either way, so the same bits).
+        each_row(a.src.rows(), [&](int64_t b0, int64_t b1) {
+            for (int64_t i = b0 * w; i < b1 * w; ++i) d[i] = f16_round(s[i]);
+        });
     }
 
     void compressor_store(const CompressorStoreArgs& a) override {
@@ -268,12 +272,17 @@ public:
     }
 
     void router(const RouterArgs& a) override {
-        grow(probs_, 2 * a.n_expert);
-        for (int64_t b = 0; b < a.logits.rows(); ++b) {
-            route_token(f32(a.logits) + b * a.n_expert, a.n_expert, a.n_used, a.bias, a.hash, a.weight_scale,
-                        a.tokens[b], a.sel.host<int32_t>() + b * a.n_used, f32(a.weights) + b * a.n_used,
-                        probs_.data());
-        }
+        // Tokens route independently (a prefill's batch is split over the pool); each range has
+        // its own probability scratch.
+        each_row(a.logits.rows(), [&](int64_t b0, int64_t b1) {
+            thread_local std::vector<float> probs;
+            grow(probs, 2 * a.n_expert);
+            for (int64_t b = b0; b < b1; ++b) {
+                route_token(f32(a.logits) + b * a.n_expert, a.n_expert, a.n_used, a.bias, a.hash, a.weight_scale,
+                            a.tokens[b], a.sel.host<int32_t>() + b * a.n_used, f32(a.weights) + b * a.n_used,
+                            probs.data());
+            }
+        });
     }
 
     void routed_experts(const RoutedExpertsArgs& a) override {
@@ -335,7 +344,7 @@ private:
 
     ThreadPool* pool_;
     ActBuffer act_, xq_, midq_;
-    std::vector<float> flat_, mix_, grp_, tmp_, scores_, block_scratch_, probs_, gate_, up_, mid_, down_;
+    std::vector<float> flat_, mix_, grp_, tmp_, scores_, block_scratch_, gate_, up_, mid_, down_;
     std::vector<int32_t> order_;
 };
 
