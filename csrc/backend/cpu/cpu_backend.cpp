@@ -122,9 +122,11 @@ public:
                 matvec(wa.type, w, rank, gd, xq, low + g * rank, pool_);
             } else {
                 matmul(wa.type, w, rank, gd, xq, nb, grp_.data(), pool_);
-                for (int64_t b = 0; b < nb; ++b) {
-                    std::memcpy(low + b * low_w + g * rank, grp_.data() + b * rank, (size_t)rank * sizeof(float));
-                }
+                each_row(nb, [&](int64_t b0, int64_t b1) {
+                    for (int64_t b = b0; b < b1; ++b) {
+                        std::memcpy(low + b * low_w + g * rank, grp_.data() + b * rank, (size_t)rank * sizeof(float));
+                    }
+                });
             }
         }
     }
