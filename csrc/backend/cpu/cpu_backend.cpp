@@ -134,14 +134,28 @@ public:
     void hc_pre(const HcPreArgs& a) override {
         const int64_t nb = a.H.rows(), hd = a.H.width(), E = a.x.width();
         const int64_t mixn = a.split.width();
-        grow(flat_, nb * hd);
         grow(mix_, nb * mixn);
         const float* H = f32(a.H);
-        float* flat = flat_.data();
+        // A batch times a float-activation weight (the F16 hc_*_fn): the normed rows are written
+        // straight into the aligned buffer the product reads, which is what linear() would copy
+        // them into (8 MiB per call for a 512-token `small` prefill; docs/gemm.md, "Prefill
+        // profile"). Same floats into the same matmul. Decode keeps linear().
+        const bool direct = nb > 1 && act_type_for(a.fn->type) == GgmlType::F32 && a.fn->ne[0] == hd;
+        float* flat;
+        if (direct) {
+            flat = reinterpret_cast<float*>(act_.ensure(act_bytes(a.fn->type, hd) * nb));
+        } else {
+            grow(flat_, nb * hd);
+            flat = flat_.data();
+        }
         each_row(nb, [&](int64_t b0, int64_t b1) {
             rms_norm_rows(flat + b0 * hd, H + b0 * hd, nullptr, b1 - b0, hd, a.rms_eps);
         });
-        ds4::linear(*a.fn, flat, nb, mix_.data(), act_, pool_);
+        if (direct) {
+            matmul(a.fn->type, a.fn->data, a.fn->ne[1], hd, flat, nb, mix_.data(), pool_);
+        } else {
+            ds4::linear(*a.fn, flat, nb, mix_.data(), act_, pool_);
+        }
         float* split = f32(a.split);
         float* x = f32(a.x);
         const float* mix = mix_.data();
