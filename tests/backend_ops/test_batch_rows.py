@@ -73,3 +73,20 @@ def test_routed_experts_rows_across_the_batch_boundary(cpu, gate_type, down_type
     for b in _probe_rows(nb):
         one = cpu.routed_experts(*common, x[b:b + 1], sel[b:b + 1], wts[b:b + 1], 10.0)
         assert_exact(got[b], one[0], f"routed experts row {b}")
+
+
+@paths
+@pytest.mark.parametrize("qtype", (Q.F16, Q.F32, Q.BF16), ids=lambda q: q.name)
+def test_hc_pre_rows(cpu, qtype):
+    """A batch normalises straight into the product's activation buffer; one row goes through
+    linear() (backend/cpu/cpu_backend.cpp hc_pre): both give the same bits."""
+    n_embd, n_hc, nb = 256, 4, 70
+    rng = np.random.default_rng(10)
+    mixn = 2 * n_hc + n_hc * n_hc
+    fn = weight(qtype, n_embd * n_hc, mixn, 10)
+    scale, base, H = floats(rng, 3, scale=0.1), floats(rng, mixn), floats(rng, nb, n_hc * n_embd)
+    x, split = cpu.hc_pre(fn, int(qtype), scale, base, H, n_hc, 20, 1e-6, 1e-6)
+    for b in (0, 1, 35, nb - 1):
+        x1, split1 = cpu.hc_pre(fn, int(qtype), scale, base, H[b:b + 1], n_hc, 20, 1e-6, 1e-6)
+        assert_exact(x[b], x1[0], f"hc_pre x row {b}")
+        assert_exact(split[b], split1[0], f"hc_pre split row {b}")
