@@ -243,7 +243,9 @@ void attend_queries(const QueryBlockInputs& in, float* out, std::vector<float>& 
         }
     };
     const int64_t n_tasks = n_groups * n_hblocks;
-    if (pool) pool->parallel_for(n_tasks, std::ref(tasks), 1); else tasks(0, n_tasks);
+    // A prefill block has 16 tasks of unequal length (later queries see more rows): one task per
+    // range, so the thread that finishes first takes the next instead of waiting on a pair.
+    if (pool) pool->parallel_for(n_tasks, std::ref(tasks), 1, 8); else tasks(0, n_tasks);
 }
 
 }  // namespace ds4

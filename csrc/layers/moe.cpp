@@ -146,15 +146,20 @@ void routed_experts_batch(const RoutedExperts& w, const float* x, int64_t nb, co
         }
     }, 8);
     matmul_experts(dt, w.down->data, w.n_expert, E, F, sel, nb, nu, mq, nu * mb, mb, sc.down, pool);
-    for (int64_t b = 0; b < nb; ++b) {
-        const float* down = sc.down + b * nu * E;
-        float* o = out + b * E;
-        for (int64_t r = 0; r < E; ++r) {
-            float acc = 0.0f;
-            for (int64_t i = 0; i < nu; ++i) acc += down[i * E + r];
-            o[r] = acc;
+    // Each token's slots summed in slot order from 0.0f, as routed_experts does per row; the slot
+    // loop is outside the row loop so the rows vectorise (the same additions per element), and
+    // tokens are split over the pool (docs/gemm.md, "Prefill profile").
+    tp.parallel_for(nb, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+            const float* down = sc.down + b * nu * E;
+            float* o = out + b * E;
+            for (int64_t r = 0; r < E; ++r) o[r] = 0.0f;
+            for (int64_t i = 0; i < nu; ++i) {
+                const float* d = down + i * E;
+                for (int64_t r = 0; r < E; ++r) o[r] += d[r];
+            }
         }
-    }
+    }, 8);
 }
 
 }  // namespace ds4

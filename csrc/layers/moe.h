@@ -47,8 +47,12 @@ void routed_experts(const RoutedExperts& w, const float* x, const int32_t* sel, 
                     MoeScratch scratch, ThreadPool* pool);
 
 // Tokens per batched routed-experts call in prefill: enough pairs per expert that each expert's
-// weights are streamed once for many tokens, while the per-pair buffers stay a few MB.
-constexpr int64_t kMoeTokenBatch = 256;
+// weights are streamed (and, on the GEMM paths, its panels decoded) once for many tokens, while the
+// per-pair buffers stay bounded: (3 n_ff + n_embd) floats per (token, slot), 31 MiB on `small`
+// and 126 MiB at DeepSeek V4 Flash's shape for a full batch. 512 rather than 256: a 512-token
+// prefill chunk is one batch, so each expert's panel is decoded once per chunk instead of twice
+// and its token tiles are fuller (docs/gemm.md, "Prefill profile").
+constexpr int64_t kMoeTokenBatch = 512;
 
 // routed_experts for nb tokens at once (nb <= kMoeTokenBatch; scratch sized for nb tokens):
 // x[b*n_embd], sel/weights[b*n_expert_used], out[b*n_embd]. Same bits as nb calls of

@@ -62,10 +62,13 @@ GemmCorr corr_kind(const GemmKernels& k, GgmlType t) {
 }
 
 std::vector<int32_t> corrections(GemmCorr kind, GgmlType t, const uint8_t* xq, int64_t act_bytes, int64_t ntok,
-                                 int64_t n) {
+                                 int64_t n, ThreadPool& pool) {
     const int64_t groups = n / 32;
     std::vector<int32_t> corr((size_t)(ntok * groups));
-    for (int64_t tok = 0; tok < ntok; ++tok) {
+    // Split over tokens: a routed-experts call has thousands of (token, slot) rows, which the
+    // calling thread alone would otherwise sum while the others wait (docs/gemm.md, "Prefill profile").
+    pool.parallel_for(ntok, [&](int64_t tok0, int64_t tok1) {
+    for (int64_t tok = tok0; tok < tok1; ++tok) {
         const uint8_t* x = xq + tok * act_bytes;
         for (int64_t g = 0; g < groups; ++g) {
             // Q8_0 activation blocks: 4-byte scale + 32 codes; Q8_K: 4-byte scale, 256 codes, bsums.
@@ -84,6 +87,7 @@ std::vector<int32_t> corrections(GemmCorr kind, GgmlType t, const uint8_t* xq, i
             corr[(size_t)(tok * groups + g)] = s;
         }
     }
+    }, 16);
     return corr;
 }
 
@@ -127,7 +131,7 @@ void gemm_grouped(GgmlType t, const uint8_t* w, const int64_t* mat_offsets, cons
     std::vector<int32_t> corr;
     const GemmKernels* table = table_for_active_path();
     const GemmCorr kind = table ? corr_kind(*table, t) : GemmCorr::None;
-    if (kind != GemmCorr::None) corr = corrections(kind, t, xq, act_bytes, ntok, n);
+    if (kind != GemmCorr::None) corr = corrections(kind, t, xq, act_bytes, ntok, n, pool);
     const int64_t groups = (rows + group_rows - 1) / group_rows;
     const int64_t rb = row_bytes(t, n);
     // Work items (matrix, row group) for the matrices that have tokens.
@@ -158,7 +162,9 @@ void gemm_grouped(GgmlType t, const uint8_t* w, const int64_t* mat_offsets, cons
                 fn(grp);
             }
         },
-        1);
+        // Items differ in work (an expert's token count), so many short ranges: a thread that
+        // draws the last one waits less for the other (the split never changes a value).
+        1, items.size() >= 256 ? 16 : 4);
 }
 
 void gemm(GgmlType t, const uint8_t* w, int64_t rows, int64_t n, const uint8_t* xq, int64_t act_bytes,

@@ -417,11 +417,18 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
         for (int64_t p = 0; p < n_pairs; ++p) order[(size_t)fill[(size_t)ids[p]]++] = p;
     }
     const uint8_t* xb = static_cast<const uint8_t*>(xq);
-    std::vector<uint8_t> acts((size_t)(n_pairs * ab));
-    for (int64_t k = 0; k < n_pairs; ++k) {
-        const int64_t p = order[(size_t)k];
-        std::memcpy(acts.data() + k * ab, xb + (p / n_used) * tok_stride + (p % n_used) * slot_stride, (size_t)ab);
-    }
+    // The calling thread's gather buffer, kept between calls: a prefill's is MiBs, which a fresh
+    // vector would page-fault in and zero on every call (docs/gemm.md, "Prefill profile").
+    // (The lambdas below run on pool threads: they use the pointer, never the thread_local.)
+    thread_local std::vector<uint8_t> gather_buf;
+    if (gather_buf.size() < (size_t)(n_pairs * ab)) gather_buf.resize((size_t)(n_pairs * ab));
+    uint8_t* const acts = gather_buf.data();
+    pool_or_global(pool).parallel_for(n_pairs, [&](int64_t k0, int64_t k1) {   // MiBs in a prefill
+        for (int64_t k = k0; k < k1; ++k) {
+            const int64_t p = order[(size_t)k];
+            std::memcpy(acts + k * ab, xb + (p / n_used) * tok_stride + (p % n_used) * slot_stride, (size_t)ab);
+        }
+    }, 64);
     const uint8_t* wb = static_cast<const uint8_t*>(w);
     const int64_t mat_bytes = rb * rows;
     // Experts with enough tokens run the register-blocked GEMM (gemm.h, same bits as the row
@@ -432,7 +439,7 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
         for (int64_t k = 0; k < n_pairs; ++k) yrows[(size_t)k] = y + order[(size_t)k] * rows;
         std::vector<int64_t> mat_offsets((size_t)n_expert);
         for (int64_t e = 0; e < n_expert; ++e) mat_offsets[(size_t)e] = e * mat_bytes;
-        gemm_grouped(t, wb, mat_offsets.data(), start.data(), n_expert, rows, n, acts.data(), ab, yrows.data(),
+        gemm_grouped(t, wb, mat_offsets.data(), start.data(), n_expert, rows, n, acts, ab, yrows.data(),
                      pool_or_global(pool), gemm_min);
     }
     // Work items: (expert, range of rows), flattened so threads share experts with many pairs.
@@ -458,11 +465,11 @@ void matmul_experts(GgmlType t, const void* w, int64_t n_expert, int64_t rows, i
                         if (fn_n) {
                             const int na = k1 - k < 4 ? (int)(k1 - k) : 4;
                             float out[4];
-                            fn_n(wr, acts.data() + k * ab, ab, na, n, out);
+                            fn_n(wr, acts + k * ab, ab, na, n, out);
                             for (int j = 0; j < na; ++j) y[order[(size_t)(k + j)] * rows + r] = out[j];
                             k += na;
                         } else {
-                            y[order[(size_t)k] * rows + r] = fn(wr, acts.data() + k * ab, n);
+                            y[order[(size_t)k] * rows + r] = fn(wr, acts + k * ab, n);
                             ++k;
                         }
                     }

@@ -17,7 +17,7 @@ from _ops import (BACKENDS, NMSE_REQUANT, REFERENCE, assert_exact, assert_matche
 WEIGHT_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
 FLOAT_TYPES = (Q.F32, Q.F16)
 EXPERT_TYPES = (Q.Q8_0, Q.Q2_K, Q.Q4_K, Q.IQ2_XXS)
-BATCH = st.sampled_from([1, 2, 3, 7, 256])          # decode, small odd batches, a full MoE batch
+BATCH = st.sampled_from([1, 2, 3, 7, 256])          # decode, small odd batches, a GEMM-sized batch
 FEW = settings(max_examples=12, deadline=None, derandomize=True)   # same draws in every CI run
 backends = pytest.mark.parametrize("name,h", BACKENDS)
 

@@ -133,23 +133,39 @@ public:
             });
             const uint8_t* w = wa.data + g * rank * wa.row_stride();
             matmul(wa.type, w, rank, gd, xq, nb, grp_.data(), pool_);
-            for (int64_t b = 0; b < nb; ++b) {
-                std::memcpy(low + b * low_w + g * rank, grp_.data() + b * rank, (size_t)rank * sizeof(float));
-            }
+            each_row(nb, [&](int64_t b0, int64_t b1) {
+                for (int64_t b = b0; b < b1; ++b) {
+                    std::memcpy(low + b * low_w + g * rank, grp_.data() + b * rank, (size_t)rank * sizeof(float));
+                }
+            });
         }
     }
 
     void hc_pre(const HcPreArgs& a) override {
         const int64_t nb = a.H.rows(), hd = a.H.width(), E = a.x.width();
         const int64_t mixn = a.split.width();
-        grow(flat_, nb * hd);
         grow(mix_, nb * mixn);
         const float* H = f32(a.H);
-        float* flat = flat_.data();
+        // A batch times a float-activation weight (the F16 hc_*_fn): the normed rows are written
+        // straight into the aligned buffer the product reads, which is what linear() would copy
+        // them into (8 MiB per call for a 512-token `small` prefill; docs/gemm.md, "Prefill
+        // profile"). Same floats into the same matmul. Decode keeps linear().
+        const bool direct = nb > 1 && act_type_for(a.fn->type) == GgmlType::F32 && a.fn->ne[0] == hd;
+        float* flat;
+        if (direct) {
+            flat = reinterpret_cast<float*>(act_.ensure(act_bytes(a.fn->type, hd) * nb));
+        } else {
+            grow(flat_, nb * hd);
+            flat = flat_.data();
+        }
         each_row(nb, [&](int64_t b0, int64_t b1) {
             rms_norm_rows(flat + b0 * hd, H + b0 * hd, nullptr, b1 - b0, hd, a.rms_eps);
         });
-        ds4::linear(*a.fn, flat, nb, mix_.data(), act_, pool_);
+        if (direct) {
+            matmul(a.fn->type, a.fn->data, a.fn->ne[1], hd, flat, nb, mix_.data(), pool_);
+        } else {
+            ds4::linear(*a.fn, flat, nb, mix_.data(), act_, pool_);
+        }
         float* split = f32(a.split);
         float* x = f32(a.x);
         const float* mix = mix_.data();
@@ -208,10 +224,14 @@ public:
     }
 
     void store_row_f16(const StoreRowF16Args& a) override {
-        const int64_t n = a.src.width() * a.src.rows();
+        const int64_t w = a.src.width();
         const float* s = f32(a.src);
         float* d = f32(a.dst);
-        for (int64_t i = 0; i < n; ++i) d[i] = f16_round(s[i]);
+        // A prefill rounds the whole batch's KV rows in place at once: split it like any row-wise
+        // step (one element at a time either way, so the same bits).
+        each_row(a.src.rows(), [&](int64_t b0, int64_t b1) {
+            for (int64_t i = b0 * w; i < b1 * w; ++i) d[i] = f16_round(s[i]);
+        });
     }
 
     void compressor_store(const CompressorStoreArgs& a) override {
@@ -278,12 +298,17 @@ public:
     }
 
     void router(const RouterArgs& a) override {
-        grow(probs_, 2 * a.n_expert);
-        for (int64_t b = 0; b < a.logits.rows(); ++b) {
-            route_token(f32(a.logits) + b * a.n_expert, a.n_expert, a.n_used, a.bias, a.hash, a.weight_scale,
-                        a.tokens[b], a.sel.host<int32_t>() + b * a.n_used, f32(a.weights) + b * a.n_used,
-                        probs_.data());
-        }
+        // Tokens route independently (a prefill's batch is split over the pool); each range has
+        // its own probability scratch.
+        each_row(a.logits.rows(), [&](int64_t b0, int64_t b1) {
+            thread_local std::vector<float> probs;
+            grow(probs, 2 * a.n_expert);
+            for (int64_t b = b0; b < b1; ++b) {
+                route_token(f32(a.logits) + b * a.n_expert, a.n_expert, a.n_used, a.bias, a.hash, a.weight_scale,
+                            a.tokens[b], a.sel.host<int32_t>() + b * a.n_used, f32(a.weights) + b * a.n_used,
+                            probs.data());
+            }
+        });
     }
 
     void routed_experts(const RoutedExpertsArgs& a) override {
@@ -345,7 +370,7 @@ private:
 
     ThreadPool* pool_;
     ActBuffer act_, xq_, midq_;
-    std::vector<float> flat_, mix_, grp_, tmp_, scores_, block_scratch_, probs_, gate_, up_, mid_, down_;
+    std::vector<float> flat_, mix_, grp_, tmp_, scores_, block_scratch_, gate_, up_, mid_, down_;
     std::vector<int32_t> order_;
     std::vector<MatvecPart> group_parts_;
 };
