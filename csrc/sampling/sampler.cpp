@@ -85,40 +85,23 @@ static void sort_desc(const float* a, IdVec& ids, ValVec& vals, KeyVec& keys, Ke
     if (lo == hi) return;
     keys.resize(m);
     tmp.resize(m);
+    for (size_t i = 0; i < m; ++i) keys[i] = ((uint64_t)(desc_key(vals[i]) - lo) << 32) | (uint32_t)ids[i];
     // As few passes as 12-bit digits need, with digits no wider than that takes (short lists
     // spend less on clearing and scanning the counts).
     const int bits = 32 - __builtin_clz(hi - lo);
     const int passes = (bits + 11) / 12;
     const int digit = (bits + passes - 1) / passes;
     const uint64_t mask = (1u << digit) - 1;
-    const size_t radix = (size_t)1 << digit;
-    // Every pass's digit counts in one read of the keys, taken as they are built (the keys are
-    // fixed, so each pass's counts are known before any pass moves them).
-    count.assign(radix * passes, 0u);
+    count.resize((size_t)1 << digit);
     uint32_t* c = count.data();
     uint64_t* k = keys.data();
     uint64_t* t = tmp.data();
-    if (passes == 2) {
-        uint32_t* c1 = c + radix;
-        for (size_t i = 0; i < m; ++i) {
-            const uint32_t d = desc_key(vals[i]) - lo;
-            k[i] = ((uint64_t)d << 32) | (uint32_t)ids[i];
-            ++c[d & mask];
-            ++c1[(d >> digit) & mask];
-        }
-    } else {
-        for (size_t i = 0; i < m; ++i) {
-            const uint32_t d = desc_key(vals[i]) - lo;
-            k[i] = ((uint64_t)d << 32) | (uint32_t)ids[i];
-            for (int p = 0; p < passes; ++p) ++c[p * radix + ((d >> (p * digit)) & mask)];
-        }
-    }
-    for (int p = 0; p < passes; ++p) {
-        uint32_t* cp = c + p * radix;
+    for (int shift = 32; shift < 32 + bits; shift += digit) {
+        std::fill(c, c + ((size_t)1 << digit), 0u);
+        for (size_t i = 0; i < m; ++i) ++c[(k[i] >> shift) & mask];
         uint32_t off = 0;
-        for (size_t d = 0; d < radix; ++d) { const uint32_t n = cp[d]; cp[d] = off; off += n; }
-        const int shift = 32 + p * digit;
-        for (size_t i = 0; i < m; ++i) t[cp[(k[i] >> shift) & mask]++] = k[i];
+        for (size_t d = 0; d < ((size_t)1 << digit); ++d) { const uint32_t n = c[d]; c[d] = off; off += n; }
+        for (size_t i = 0; i < m; ++i) t[c[(k[i] >> shift) & mask]++] = k[i];
         std::swap(k, t);
     }
     if (k != keys.data()) std::memcpy(keys.data(), k, sizeof(uint64_t) * m);
