@@ -373,26 +373,11 @@ void gather_at_least(const float* w, int64_t m, WeightGather& g) {
     }
 }
 
-template <class Src>
-float total(const Src& src, int64_t n, float* wa) {
-    float s = 0.0f;
-    const int64_t chunk = kChunkBlocks * kLanes;
-    int64_t i = 0;
-    for (; i + chunk <= n; i += chunk) {
-        if (add_span(src, i, wa, kChunkBlocks, s)) continue;
-        for (int64_t k = i; k < i + chunk; k += kLanes)   // a binade change or a tie: block by block
-            if (!add_span(src, k, wa, 1, s)) add_plain(src, k, wa, kLanes, s);
-    }
-    for (; i < n; i += chunk) add_plain(src, i, wa, std::min<int64_t>(chunk, n - i), s);
-    return s;
-}
-
-// total() that also gathers (wa given): a chunk's approximations are final once its step is over
-// (every path writes each of its entries), and still in L1. A loop of its own, so that total()'s
-// code stays as it was for every other caller (not inlined: inlined, it changed how the compiler
-// inlined that loop's steps, and the other totals were measurably slower).
-template <class Src>
-__attribute__((noinline)) float total_gathering(const Src& src, int64_t n, float* wa, WeightGather& gather) {
+// kGather (wa and gather given): a chunk's approximations are final once its step below is over
+// (every path writes each of its entries), and still in L1. (A template flag: the other totals'
+// loop stays as it was.)
+template <bool kGather = false, class Src>
+float total(const Src& src, int64_t n, float* wa, WeightGather* gather = nullptr) {
     float s = 0.0f;
     const int64_t chunk = kChunkBlocks * kLanes;
     int64_t i = 0;
@@ -401,14 +386,14 @@ __attribute__((noinline)) float total_gathering(const Src& src, int64_t n, float
             for (int64_t k = i; k < i + chunk; k += kLanes)   // a binade change or a tie: block by block
                 if (!add_span(src, k, wa, 1, s)) add_plain(src, k, wa, kLanes, s);
         }
-        gather_at_least(wa + i, chunk, gather);
+        if (kGather) gather_at_least(wa + i, chunk, *gather);
     }
     for (; i < n; i += chunk) {
         const int64_t m = std::min<int64_t>(chunk, n - i);
         add_plain(src, i, wa, m, s);
-        gather_at_least(wa + i, m, gather);
+        if (kGather) gather_at_least(wa + i, m, *gather);
     }
-    gather.done = true;
+    if (kGather) gather->done = true;
     return s;
 }
 
@@ -566,7 +551,7 @@ float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, boo
     }
     if (gather && wa) {
         gather->count = 0;
-        return total_gathering(src, n, wa, *gather);
+        return total<true>(src, n, wa, gather);
     }
     return total(src, n, wa);
 }
