@@ -1007,31 +1007,3 @@ def test_reciprocal_total_divides_for_exact_weights():
             diffs += not _f32_bits_equal(core._binade_logit_total_rcp(logits, F(0), F(t), F(l), rel),
                                          _plain_sum(core._exp_weights(x)))
         assert diffs == 0, (t, diffs)
-
-
-@pytest.mark.parametrize("kind", ["flat", "peaked", "ties", "heavy", "nonfinite", "few", "denormal", "sparse"])
-@pytest.mark.parametrize("n", [129_280, 20_037, 3001, 200])
-def test_total_gathers_what_a_scan_of_its_approximations_takes(kind, n):
-    # The top-p threshold's largest approximate weights are gathered by the whole-vocabulary total
-    # while each chunk is in cache (docs/sampling.md, "Fifth round"); they must be exactly what
-    # collect_finite_at_least takes from the finished approximations: the same values in the same
-    # order, and the total itself unchanged (the plain loop over the exact weights). The bound is
-    # one of the approximations itself (an entry equal to it is taken), and the kinds include ties
-    # (chunks that fall back to blocks and plain loops, which rewrite their entries) and lengths
-    # that leave a tail of fewer than 128.
-    core = _core()
-    logits = _vocab_logits(5000 + n, n, kind)
-    fin = np.isfinite(logits)
-    m = logits[fin].max()
-    total, wa, gathered = core._binade_logit_total_gather(logits, F(1), F(2.0**-8))
-    x = np.where(fin, (logits - m).astype(np.float32), -np.inf).astype(np.float32)
-    assert _f32_bits_equal(total, _plain_sum(core._exp_weights(x))), (kind, n)
-    if gathered is None:   # this build's total does not gather (no AVX-512): the sampler scans wa
-        assert not _approximates()
-        return
-    for at_least in (F(2.0**-8), F(np.sort(wa)[-max(1, n // 50)])):
-        total2, wa2, got = core._binade_logit_total_gather(logits, F(1), at_least)
-        assert _f32_bits_equal(total2, total) and np.array_equal(wa2.view(np.uint32), wa.view(np.uint32))
-        _, want = core._collect_finite_at_least(wa2, at_least)
-        assert got.size > 0 or want.size == 0
-        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (kind, n, float(at_least), got.size, want.size)

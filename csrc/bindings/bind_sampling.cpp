@@ -98,23 +98,6 @@ void init_sampling(py::module_& m) {
           [](const Logits& a, float m, float t, float lowest, float rel, float r) {
               return ds4::binade_logit_walk_rcp(a.data(), a.size(), m, t, false, lowest, rel, nullptr, r);
           }, py::arg("logits"), py::arg("m"), py::arg("t"), py::arg("lowest"), py::arg("rel"), py::arg("r"));
-    // The whole vocabulary's total at t with its approximate weights, and those >= at_least that the
-    // total gathered on the way (None where this build's total does not gather).
-    m.def("_binade_logit_total_gather",
-          [](const Logits& a, float t, float at_least) {
-              const int64_t n = a.size();
-              int64_t n_finite = 0;
-              float lowest = 0.0f;
-              const float m = ds4::finite_max(a.data(), n, &n_finite, &lowest);
-              std::vector<float> wa((size_t)n), out((size_t)n + 16);
-              ds4::WeightGather g;
-              g.at_least = at_least;
-              g.out = out.data();
-              const float total = ds4::binade_logit_total(a.data(), n, m, t, n_finite == n, lowest, wa.data(), &g);
-              py::object gathered = py::none();
-              if (g.done) gathered = py::array_t<float>(g.count, out.data());
-              return py::make_tuple(total, py::array_t<float>(n, wa.data()), gathered);
-          }, py::arg("logits"), py::arg("t"), py::arg("at_least"));
     // The whole-vocabulary scans (tests/test_sampling_scans.py compares them with numpy on every
     // SIMD path; the vector builds hand their last <16 entries to the scalar loops).
     m.def("_collect_finite_at_least", [](const Logits& a, float floor) {

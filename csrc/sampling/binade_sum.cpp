@@ -90,11 +90,9 @@ float zero_weight_floor(float m, float t, float lowest) {
 
 }  // namespace
 
-float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, float* wa,
-                         WeightGather* gather) {
+float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, float* wa) {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512())
-        return binade_logit_total_avx512(a, n, m, t, all_finite, zero_weight_floor(m, t, lowest), wa, wa ? gather : nullptr);
+    if (sampling_avx512()) return binade_logit_total_avx512(a, n, m, t, all_finite, zero_weight_floor(m, t, lowest), wa);
 #endif
     float s = 0.0f, buf[1024];
     logit_pieces(a, n, m, t, [&](const float* x, int64_t k, int64_t i) {

@@ -25,18 +25,8 @@ int64_t binade_weight_walk(const float* x, const float* wa, int64_t n, float r);
 // all_finite: a has no NaN or inf (then the finiteness test is skipped); lowest: the smallest
 // finite logit (runs of logits that weigh exactly 0 are skipped when some do). Neither changes
 // results. wa (when not null) receives approximations of the weights, as binade_weight_total's.
-// gather (with wa): where the total can, it also copies the approximations >= gather->at_least
-// (finite ones, in index order: what collect_finite_at_least would take from wa afterwards) to
-// gather->out (n + 16 floats) while they are in cache, and sets gather->done; else the caller
-// scans wa itself (docs/sampling.md, "Fifth round").
-struct WeightGather {
-    float at_least = 0.0f;
-    float* out = nullptr;
-    int64_t count = 0;
-    bool done = false;
-};
 float binade_logit_total(const float* a, int64_t n, float m, float t, bool all_finite, float lowest,
-                         float* wa = nullptr, WeightGather* gather = nullptr);
+                         float* wa = nullptr);
 int64_t binade_logit_walk(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, const float* wa,
                           float r);
 

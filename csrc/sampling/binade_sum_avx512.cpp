@@ -358,42 +358,17 @@ void add_plain(const Src& src, int64_t i0, float* wa, int64_t m, float& s) {
     for (int64_t j = 0; j < m; ++j) s += wb[j];
 }
 
-// Appends the finite w[0..m) >= g.at_least to g.out (whole-vector stores: out has 16 spare).
-void gather_at_least(const float* w, int64_t m, WeightGather& g) {
-    const __m512 f = _mm512_set1_ps(g.at_least), zero = _mm512_setzero_ps();
-    for (int64_t j = 0; j < m; j += kLanes) {
-        const __mmask16 in = m - j >= kLanes ? (__mmask16)0xFFFF : (__mmask16)((1u << (m - j)) - 1);
-        const __m512 v = _mm512_maskz_loadu_ps(in, w + j);
-        // v >= at_least (false for NaN), and v - v == 0 (false for +-inf), as collect_finite_at_least
-        const __mmask16 pass = in & _mm512_cmp_ps_mask(v, f, _CMP_GE_OQ) &
-                               _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ);
-        if (!pass) continue;
-        _mm512_storeu_ps(g.out + g.count, _mm512_maskz_compress_ps(pass, v));
-        g.count += __builtin_popcount((unsigned)pass);
-    }
-}
-
-// kGather (wa and gather given): a chunk's approximations are final once its step below is over
-// (every path writes each of its entries), and still in L1. (A template flag: the other totals'
-// loop stays as it was.)
-template <bool kGather = false, class Src>
-float total(const Src& src, int64_t n, float* wa, WeightGather* gather = nullptr) {
+template <class Src>
+float total(const Src& src, int64_t n, float* wa) {
     float s = 0.0f;
     const int64_t chunk = kChunkBlocks * kLanes;
     int64_t i = 0;
     for (; i + chunk <= n; i += chunk) {
-        if (!add_span(src, i, wa, kChunkBlocks, s)) {
-            for (int64_t k = i; k < i + chunk; k += kLanes)   // a binade change or a tie: block by block
-                if (!add_span(src, k, wa, 1, s)) add_plain(src, k, wa, kLanes, s);
-        }
-        if (kGather) gather_at_least(wa + i, chunk, *gather);
+        if (add_span(src, i, wa, kChunkBlocks, s)) continue;
+        for (int64_t k = i; k < i + chunk; k += kLanes)   // a binade change or a tie: block by block
+            if (!add_span(src, k, wa, 1, s)) add_plain(src, k, wa, kLanes, s);
     }
-    for (; i < n; i += chunk) {
-        const int64_t m = std::min<int64_t>(chunk, n - i);
-        add_plain(src, i, wa, m, s);
-        if (kGather) gather_at_least(wa + i, m, *gather);
-    }
-    if (kGather) gather->done = true;
+    for (; i < n; i += chunk) add_plain(src, i, wa, std::min<int64_t>(chunk, n - i), s);
     return s;
 }
 
@@ -538,8 +513,7 @@ int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, fl
 
 int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) { return walk(Weights{w}, nullptr, n, r); }
 
-float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, float* wa,
-                                WeightGather* gather) {
+float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, float* wa) {
     const Logits src{a, m, t, all_finite, zero_below};
     if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
         static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
@@ -548,10 +522,6 @@ float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, boo
             wa = guides.data();
         }
         return total_parallel(src, n, wa, ThreadPool::global());
-    }
-    if (gather && wa) {
-        gather->count = 0;
-        return total<true>(src, n, wa, gather);
     }
     return total(src, n, wa);
 }

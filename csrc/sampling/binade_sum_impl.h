@@ -13,8 +13,7 @@ int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, fl
 int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r);
 int64_t binade_seq_until_avx512(const float* w, int64_t n, float total, float top_p, float& s);
 void approx_exp_weights_avx512(const float* x, float* w, int64_t n);
-float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, float* wa,
-                                WeightGather* gather = nullptr);
+float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, float* wa);
 int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, const float* wa, float r);
 float binade_logit_total_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
                                     float rel, float* wa);

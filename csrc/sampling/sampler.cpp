@@ -194,20 +194,14 @@ DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
 // 0 when even 2^-48 does not: a guess, which the caller checks. Bisection, about 8 steps. The
 // weights >= 2^-8 are gathered once and summed exactly when they are few (a heavy tail holds much
 // of the mass in a few tokens, which a sample would miss), else sampled; below 2^-8, every fourth
-// block of 16 estimates the rest. `gathered`: the weights >= kBigWeight already gathered into
-// big_w by the total (binade_logit_total's gather), else they are collected here.
-constexpr float kBigWeight = 0x1p-8f;
-
+// block of 16 estimates the rest.
 template <class IdVec, class ValVec>
-float mass_threshold(const float* w, int64_t n, double mass, IdVec& ids, ValVec& big_w, const WeightGather& gathered) {
-    const float big = kBigWeight;
+float mass_threshold(const float* w, int64_t n, double mass, IdVec& ids, ValVec& big_w) {
+    const float big = 0x1p-8f;
     const int step = n >= 4096 ? 4 : 1;
-    int64_t n_big = gathered.count;
-    if (!gathered.done) {
-        if (ids.size() < (size_t)n + 16) ids.resize((size_t)n + 16);
-        if (big_w.size() < (size_t)n + 16) big_w.resize((size_t)n + 16);
-        n_big = collect_finite_at_least(w, n, big, ids.data(), big_w.data());
-    }
+    if (ids.size() < (size_t)n + 16) ids.resize((size_t)n + 16);
+    if (big_w.size() < (size_t)n + 16) big_w.resize((size_t)n + 16);
+    const int64_t n_big = collect_finite_at_least(w, n, big, ids.data(), big_w.data());
     const int big_step = n_big >= 4096 ? 4 : 1;
     auto mass_at = [&](float c) {
         const double r = mass_in(big_w.data(), n_big, c, std::numeric_limits<float>::infinity(), big_step);
@@ -382,15 +376,8 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     // evaluated exactly only where the total needs it (binade_sum.h).
     // min_p 0: the mass threshold below needs approximate weights, taken on the way.
     const bool need_mass = min_p == 0.0f;
-    WeightGather big;   // the threshold's largest weights, gathered by the total where it can
-    if (need_mass) {
-        wall_.resize((size_t)n);
-        w_.resize((size_t)n + 16);
-        big.at_least = kBigWeight;
-        big.out = w_.data();
-    }
-    const float total = binade_logit_total(a, n, m, t, all_finite, lowest, need_mass ? wall_.data() : nullptr,
-                                           need_mass ? &big : nullptr);
+    if (need_mass) wall_.resize((size_t)n);
+    const float total = binade_logit_total(a, n, m, t, all_finite, lowest, need_mass ? wall_.data() : nullptr);
     if (!(total > 0.0f && std::isfinite(total))) return;
 
     // Sorted branch: a sorted prefix that the filters stop inside decides; grow it until one does.
@@ -414,7 +401,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // (approximate) weights hold a little more than that are a sorted prefix that very likely
         // contains the stop; filter_sorted checks that it does, else the pools below decide.
         // A second, 4x lower guess covers an unlucky estimate before the pools take over.
-        float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_, w_, big);
+        float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_, w_);
         for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
             collect_logits_at_least(a, n, logit_floor(m, t, c));
             sort_candidates(a);
