@@ -117,6 +117,18 @@ static void sort_desc(const float* a, IdVec& ids, ValVec& vals, KeyVec& keys, Ke
     }
 }
 
+std::vector<int32_t> sorted_finite_ids(const float* a, int64_t n) {
+    std::vector<int32_t> ids((size_t)n + 16);
+    std::vector<float> vals((size_t)n + 16);
+    const int64_t k = collect_finite_at_least(a, n, kNegInf, ids.data(), vals.data());
+    ids.resize((size_t)k);
+    vals.resize((size_t)k);
+    std::vector<uint64_t> keys, tmp;
+    std::vector<uint32_t> count;
+    sort_desc(a, ids, vals, keys, tmp, count);
+    return ids;
+}
+
 namespace {
 
 // A logit below which no token can pass expf(fl(fl(l - max) / t)) >= min_p (a superset test; the
