@@ -132,6 +132,10 @@ void init_sampling(py::module_& m) {
           [](const Logits& a, float m, float t, float lowest, float rel, float r) {
               return ds4::binade_logit_walk_rcp(a.data(), a.size(), m, t, false, lowest, rel, nullptr, r);
           }, py::arg("logits"), py::arg("m"), py::arg("t"), py::arg("lowest"), py::arg("rel"), py::arg("r"));
+    m.def("_sorted_finite_ids", [](const Logits& a) {
+              const std::vector<int32_t> ids = ds4::sorted_finite_ids(a.data(), a.size());
+              return py::array_t<int32_t>((py::ssize_t)ids.size(), ids.data());
+          }, py::arg("logits"));
     // The whole-vocabulary scans (tests/test_sampling_scans.py compares them with numpy on every
     // SIMD path; the vector builds hand their last <16 entries to the scalar loops).
     m.def("_collect_finite_at_least", [](const Logits& a, float floor) {

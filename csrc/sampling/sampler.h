@@ -54,6 +54,10 @@ constexpr int32_t kBestOnDemand = -2;
 // First index of the largest logit; NaN never wins; 0 when no logit exceeds -1e30 (upstream).
 int32_t argmax_logits(const float* logits, int64_t n);
 
+// The ids of the finite logits in the sorted branches' order (logit descending, equal logits by
+// id ascending), through the same radix sort: for tests (tests/test_sampling.py).
+std::vector<int32_t> sorted_finite_ids(const float* logits, int64_t n);
+
 // Owns the scratch buffers (whole-vocabulary arrays are reused between calls); one per thread.
 class Sampler {
 public:
