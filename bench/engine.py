@@ -49,6 +49,16 @@ def summary(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
+def warm_file(path: Path) -> None:
+    """Read the model file through the page cache. The weights are mapped, not copied, so a timing
+    must not include reading them from disk: on hosts that page out cold memory (the development
+    VMs run DAMON's proactive pageout of pages idle for ~1 s) the first prefill after a pause
+    otherwise measured 118-153 instead of ~400 tokens/s (docs/bench.md)."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 << 20):
+            pass
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="small", help="ds4.testing preset name or a GGUF path")
@@ -61,6 +71,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--json", default=None, help="write the results as JSON to this file")
     ap.add_argument("--baseline", default=None)
+    ap.add_argument("--no-warm", action="store_true",
+                    help="do not read the model file before each timed section (see warm_file)")
     args = ap.parse_args()
 
     import ds4
@@ -82,6 +94,8 @@ def main() -> int:
         for _ in range(args.reps):
             s = eng.session(ctx=ctx)
             toks = rng.integers(0, vocab, n).tolist()
+            if not args.no_warm:
+                warm_file(path)
             t, c = time.perf_counter(), time.process_time()
             s.sync(toks)
             times.append(time.perf_counter() - t)
@@ -102,6 +116,8 @@ def main() -> int:
             s.sync(rng.integers(0, vocab, d).tolist())
         else:
             s.eval(1)
+        if not args.no_warm:
+            warm_file(path)
         times = []
         c0 = time.process_time()
         for _ in range(args.decode_steps):
