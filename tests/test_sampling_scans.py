@@ -10,29 +10,18 @@ numpy's result exactly; docs/sampling.md says what each one is for.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ds4._core as core
+from test_kernels_matvec import simd_path
 
 F = np.float32
 PATHS = [p for p in core.simd_paths() if p != "neon"]
 POOL = [0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -3.25, 1e-40, -1e-40, 3.0e38, -3.0e38,
         np.inf, -np.inf, np.nan, 7.0, -7.0, 1.0000001, 0.99999994]
-
-
-@contextlib.contextmanager
-def simd_path(path):
-    before = core.simd_path()
-    core.set_simd_path(path)
-    try:
-        yield
-    finally:
-        core.set_simd_path(before)
 
 
 arrays = st.one_of(st.lists(st.sampled_from(POOL), min_size=0, max_size=20),

@@ -513,8 +513,11 @@ int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, fl
 
 int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) { return walk(Weights{w}, nullptr, n, r); }
 
-float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, float* wa) {
-    const Logits src{a, m, t, all_finite, zero_below};
+// The whole-vocabulary total of a logit source: split over the global pool when the sampler may
+// use more than one thread and the vocabulary is large, else the serial pass (same bits either way).
+namespace {
+template <class Src>
+float logit_total(const Src& src, int64_t n, float* wa) {
     if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
         static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
         if (!wa) {
@@ -524,6 +527,11 @@ float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, boo
         return total_parallel(src, n, wa, ThreadPool::global());
     }
     return total(src, n, wa);
+}
+}  // namespace
+
+float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, float* wa) {
+    return logit_total(Logits{a, m, t, all_finite, zero_below}, n, wa);
 }
 
 int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, const float* wa, float r) {
@@ -532,16 +540,7 @@ int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bo
 
 float binade_logit_total_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
                                     float rel, float* wa) {
-    const LogitsRcp src{{a, m, t, all_finite, zero_below}, 1.0f / t, rel};
-    if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
-        static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
-        if (!wa) {
-            guides.resize((size_t)n);
-            wa = guides.data();
-        }
-        return total_parallel(src, n, wa, ThreadPool::global());
-    }
-    return total(src, n, wa);
+    return logit_total(LogitsRcp{{a, m, t, all_finite, zero_below}, 1.0f / t, rel}, n, wa);
 }
 
 int64_t binade_logit_walk_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
