@@ -30,6 +30,18 @@ def peak_rss_bytes() -> int:
     return 0
 
 
+def file_huge_bytes() -> int:
+    """Bytes of this process's file maps backed by 2 MiB page-table entries (FilePmdMapped of
+    /proc/self/smaps_rollup, 0 where unavailable): how the weights were read (docs/pagecache.md)."""
+    try:
+        for line in open("/proc/self/smaps_rollup"):
+            if line.startswith("FilePmdMapped:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def main(argv: list[str]) -> int:
     model, ids_path, threads, ctx, prefills, n_decode, n_warmup = argv[:7]
     logits_out = argv[7] if len(argv) > 7 else None
@@ -64,6 +76,7 @@ def main(argv: list[str]) -> int:
                 tok = s.argmax()
                 out["decode_step_seconds"].append(time.perf_counter() - t)
     out["peak_rss_bytes"] = peak_rss_bytes()
+    out["file_huge_bytes"] = file_huge_bytes()
     print(json.dumps(out))
     return 0
 

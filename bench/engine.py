@@ -53,10 +53,20 @@ def warm_file(path: Path) -> None:
     """Read the model file through the page cache. The weights are mapped, not copied, so a timing
     must not include reading them from disk: on hosts that page out cold memory (the development
     VMs run DAMON's proactive pageout of pages idle for ~1 s) the first prefill after a pause
-    otherwise measured 118-153 instead of ~400 tokens/s (docs/bench.md)."""
-    with open(path, "rb", buffering=0) as f:
-        while f.read(16 << 20):
-            pass
+    otherwise measured 118-153 instead of ~400 tokens/s (docs/bench.md). The read goes through a
+    map that asks for 2 MiB pages, as the engine's does, so pages read back from disk return as
+    2 MiB folios; read() would bring them back in small ones (docs/pagecache.md). It runs in a
+    child process so that the map does not count in this process's peak RSS."""
+    code = "import sys; from ds4 import pagecache; pagecache.probe(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+
+
+def _page_cache_line(path: Path) -> str:
+    """How much of the file the page cache holds in 2 MiB folios (probed in a child process, which
+    reads the file through; docs/pagecache.md)."""
+    code = "import sys; from ds4 import pagecache; print(pagecache.probe(sys.argv[1]))"
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    return r.stdout.strip() or f"unknown ({r.stderr.strip()[-200:]})"
 
 
 def main() -> int:
@@ -79,6 +89,9 @@ def main() -> int:
     import ds4.testing
 
     path = Path(args.model) if Path(args.model).is_file() else ds4.testing.cached_model(args.model, experts=args.experts)
+    if not args.no_warm:
+        warm_file(path)
+    page_cache = _page_cache_line(path)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     eng = ds4.Engine(path, backend=args.backend, threads=args.threads)
     vocab = eng.shape.n_vocab
@@ -148,6 +161,7 @@ def main() -> int:
     base = json.loads(Path(args.baseline).read_text())["results"] if args.baseline else {}
     w = max(len(r[0]) for r in rows)
     print(f"ds4 engine bench: {path.name}, backend {eng.backend}, {eng.threads} threads, git {out['git']}")
+    print(f"  page cache: {page_cache}")
     for name, val in rows:
         print(f"  {name:<{w}}  {val}")
     for k, v in results.items():

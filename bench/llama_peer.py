@@ -35,6 +35,8 @@ from _common import add_common_args, machine_info, measure, read_bandwidth, repo
 from _llama_cpp import LLAMA_CPP_PYTHON_VERSION, build_llama, default_root  # noqa: E402
 from _llama_gguf import convert_for_llama  # noqa: E402
 
+from ds4 import pagecache  # noqa: E402
+
 DS4_WORKER = Path(__file__).with_name("_peer_ds4.py")
 UNITS = {"decode": "tok/s", "peak_rss_MB": "MB"}  # the rest are prefill rates in tok/s
 CONVERTER_TAG = "l2"  # bump when _llama_gguf's output changes, so cached conversions are redone
@@ -56,6 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--llama-root", type=Path, default=None, help="llama.cpp build folder (default: <ds4 cache>/llama-peer)")
     p.add_argument("--sdist", type=Path, default=None, help="llama-cpp-python sdist (default: found or pip-downloaded)")
     p.add_argument("--build-jobs", type=int, default=2, help="parallel compile jobs for the llama.cpp build")
+    p.add_argument("--page-cache", default="huge", choices=["huge", "as-is"],
+                   help="huge (default): before the rounds, re-read both engines' files into 2 MiB page-cache "
+                        "pages, and before each run read that engine's file through (both engines then map "
+                        "their weights with 2 MiB entries); as-is: leave the page cache alone (docs/pagecache.md)")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.prefill, args.decode = min(args.repeats, 2), "64,128", 8
@@ -87,6 +93,20 @@ def llama_model(src: Path, root: Path) -> Path:
         fixes = convert_for_llama(src, dst)
         print(f"converted {src.name} for llama.cpp: {'; '.join(fixes) or 'no changes'}", file=sys.stderr)
     return dst
+
+
+def prepare_page_cache(mode: str, paths: list[Path]) -> list[dict]:
+    """Put both engines' files in the same page-cache state before the rounds. How much of a file
+    the page cache holds as 2 MiB folios depends on how it got there (written, read(), faulted in),
+    and a decode step's speed on whether its weights are mapped with 2 MiB or 4 KiB entries: on the
+    development VMs, llama.cpp's converted copy was 30-55 % huge and ds4's file 1 % before this
+    (docs/pagecache.md). Returns each file's state (after re-reading it, for "huge")."""
+    states = []
+    for p in paths:
+        st = pagecache.recache(p) if mode == "huge" else pagecache.probe(p)
+        print(f"page cache ({mode}): {st}", file=sys.stderr, flush=True)
+        states.append(st.to_dict())
+    return states
 
 
 def run_worker(cmd: list[str]) -> dict:
@@ -172,10 +192,14 @@ def run_model(args: argparse.Namespace, model_name: str) -> None:
         ids.tofile(ids_path)
         cmds = engine_commands(args, model, lmodel, build.driver, ids_path, Path(tmp))
         names = list(cmds)
+        files = {k: (model if k == "ds4" else lmodel) for k in names}
+        cache_states = prepare_page_cache(args.page_cache, sorted(set(files.values())))
         runs: dict[str, list[dict]] = {k: [] for k in names}
         for r in range(args.repeats):
             order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
             for name in order:
+                if args.page_cache == "huge":
+                    pagecache.probe(files[name])  # pages paged out since the last run come back as 2 MiB folios
                 runs[name].append(run_worker(cmds[name]))
             if r == 0:
                 logits = {k: np.fromfile(Path(tmp) / f"{k}.f32", dtype=np.float32) for k in names}
@@ -210,13 +234,19 @@ def run_model(args: argparse.Namespace, model_name: str) -> None:
         warmup=args.warmup, model=str(model), llama_model=str(lmodel), llama_cpp_python=LLAMA_CPP_PYTHON_VERSION,
         llama_cpp_commit=build.commit, load_avg_1m={"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
         llama_n_ubatch=runs[names[-1]][0].get("n_ubatch"), ds4_prefill_chunk=runs["ds4"][0].get("prefill_chunk"),
-        agreement=agree, read_bandwidth_GB_s=read_bw, decode_weight_bytes=runs["ds4"][0]["decode_weight_bytes"])
+        agreement=agree, read_bandwidth_GB_s=read_bw, decode_weight_bytes=runs["ds4"][0]["decode_weight_bytes"],
+        page_cache=args.page_cache, page_cache_before=cache_states,
+        file_huge_bytes={k: [x.get("file_huge_bytes", 0) for x in v] for k, v in runs.items()})
     print(f"ds4 vs llama.cpp {LLAMA_CPP_PYTHON_VERSION} ({build.commit[:10]}): {model.name}, {args.threads} threads, "
           f"ctx {args.ctx}, {args.repeats} rounds; 1-min load avg {min(loads):.1f}-{max(loads):.1f} "
           f"on {os.cpu_count()} logical CPUs")
     report(results, machine, args, ["figure", *names, *[f"ds4/{k}" for k in names[1:]]], rows)
     for k, v in agree.items():
         print(f"ds4 vs {k} (round 1): {v}")
+    for k, v in runs.items():
+        huge = [x.get("file_huge_bytes", 0) / 1e6 for x in v]
+        print(f"{k}: file pages mapped with 2 MiB entries at the end of each run: "
+              f"{', '.join(f'{h:.0f}' for h in huge)} MB (page cache: {args.page_cache})")
     if "decode" in per["ds4"][0]:
         wbytes = runs["ds4"][0]["decode_weight_bytes"]
         gbs = statistics.median(f["decode"] for f in per["ds4"]) * wbytes / 1e9

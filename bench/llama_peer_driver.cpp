@@ -88,6 +88,17 @@ long long peak_rss_bytes() {
     return 0;
 }
 
+// Bytes of this process's file maps backed by 2 MiB page-table entries (FilePmdMapped of
+// /proc/self/smaps_rollup, 0 where unavailable): whether the weights were read through huge pages.
+long long file_huge_bytes() {
+    std::ifstream f("/proc/self/smaps_rollup");
+    std::string line;
+    while (std::getline(f, line)) {
+        if (line.rfind("FilePmdMapped:", 0) == 0) return std::atoll(line.c_str() + 14) * 1024;
+    }
+    return 0;
+}
+
 struct TensorDump {
     std::string dir;
     std::vector<std::string> prefixes;
@@ -230,7 +241,7 @@ int main(int argc, char ** argv) {
     for (size_t i = 0; i < step_s.size(); ++i) std::printf("%s%.6f", i ? ", " : "", step_s[i]);
     std::printf("], \"decode_tokens\": [");
     for (size_t i = 0; i < decoded.size(); ++i) std::printf("%s%d", i ? ", " : "", decoded[i]);
-    std::printf("], \"peak_rss_bytes\": %lld}\n", peak_rss_bytes());
+    std::printf("], \"peak_rss_bytes\": %lld, \"file_huge_bytes\": %lld}\n", peak_rss_bytes(), file_huge_bytes());
 
     llama_free(ctx);
     llama_model_free(model);

@@ -12,6 +12,7 @@ void init_sampling(py::module_& m);
 void init_stage(py::module_& m);
 void init_backend_ops(py::module_& m);
 void init_timeline(py::module_& m);
+void init_page_cache(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "ds4 compiled core (internal; use the ds4 package API)";
@@ -24,4 +25,5 @@ PYBIND11_MODULE(_core, m) {
     init_stage(m);
     init_backend_ops(m);
     init_timeline(m);
+    init_page_cache(m);
 }

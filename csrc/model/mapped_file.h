@@ -6,6 +6,13 @@
 
 namespace ds4 {
 
+// How much of a map is in memory, and how much of that the kernel maps with 2 MiB entries.
+struct MapResidency {
+    uint64_t size = 0;       // the map's length (the file size)
+    uint64_t resident = 0;   // bytes of the map backed by page-cache pages (Rss)
+    uint64_t huge = 0;       // of those, bytes mapped by 2 MiB entries (FilePmdMapped)
+};
+
 class MappedFile {
 public:
     explicit MappedFile(const std::string& path);   // throws Io naming the path
@@ -16,6 +23,11 @@ public:
     const uint8_t* data() const noexcept { return data_; }
     uint64_t size() const noexcept { return size_; }
     const std::string& path() const noexcept { return path_; }
+
+    // Faults in every page of the map, reading from disk what the page cache lacks.
+    void populate() const;
+    // This map's residency (Linux: /proc/self/smaps; elsewhere only the size is known).
+    MapResidency residency() const;
 
 private:
     std::string path_;

@@ -18,7 +18,7 @@ from .errors import Ds4Error
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS = ("inspect", "generate", "chat", "cache", "bench", "perplexity", "steering", "serve")
+COMMANDS = ("inspect", "generate", "chat", "cache", "bench", "perplexity", "steering", "serve", "pagecache")
 EXIT_ERROR = 2
 
 
