@@ -57,16 +57,20 @@ def warm_file(path: Path) -> None:
     map that asks for 2 MiB pages, as the engine's does, so pages read back from disk return as
     2 MiB folios; read() would bring them back in small ones (docs/pagecache.md). It runs in a
     child process so that the map does not count in this process's peak RSS."""
-    code = "import sys; from ds4 import pagecache; pagecache.probe(sys.argv[1])"
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+    _in_child("pagecache.probe", path)
+
+
+def _in_child(fn: str, path: Path) -> str:
+    """Run ds4.<fn>(path) in a child process (its map must not count in this process's peak RSS);
+    returns what it prints (the page-cache state)."""
+    code = f"import sys; from ds4 import pagecache; print({fn}(sys.argv[1]))"
+    return subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def _page_cache_line(path: Path) -> str:
     """How much of the file the page cache holds in 2 MiB folios (probed in a child process, which
     reads the file through; docs/pagecache.md)."""
-    code = "import sys; from ds4 import pagecache; print(pagecache.probe(sys.argv[1]))"
-    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
-    return r.stdout.strip() or f"unknown ({r.stderr.strip()[-200:]})"
+    return _in_child("pagecache.probe", path)
 
 
 def main() -> int:
@@ -83,13 +87,18 @@ def main() -> int:
     ap.add_argument("--baseline", default=None)
     ap.add_argument("--no-warm", action="store_true",
                     help="do not read the model file before each timed section (see warm_file)")
+    ap.add_argument("--page-cache", default="huge", choices=["huge", "as-is"],
+                    help="huge (default): first re-read the model file into 2 MiB page-cache pages "
+                         "(ds4.pagecache.recache); as-is: leave the page cache alone (docs/pagecache.md)")
     args = ap.parse_args()
 
     import ds4
     import ds4.testing
 
     path = Path(args.model) if Path(args.model).is_file() else ds4.testing.cached_model(args.model, experts=args.experts)
-    if not args.no_warm:
+    if args.page_cache == "huge":
+        _in_child("pagecache.recache", path)
+    elif not args.no_warm:
         warm_file(path)
     page_cache = _page_cache_line(path)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,4 +1,4 @@
-"""The Python examples of docs/steering.md, docs/quality.md and docs/bench.md run as written (each
+"""The Python examples of docs/steering.md, quality.md, bench.md and pagecache.md run as written (each
 file's ```python blocks in order, in one namespace, from a temporary directory), on the bundled
 tiny model."""
 
@@ -12,7 +12,7 @@ import pytest
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-@pytest.mark.parametrize("name", ["steering.md", "quality.md", "bench.md"])
+@pytest.mark.parametrize("name", ["steering.md", "quality.md", "bench.md", "pagecache.md"])
 def test_doc_python_examples_run(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     blocks = re.findall(r"```python\n(.*?)```", (DOCS / name).read_text(encoding="utf-8"), flags=re.S)
