@@ -18,28 +18,27 @@ import time
 import numpy as np
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set from /proc/self/status VmHWM (0 where unavailable); the
-    parent's wait4 rusage would include the high-water mark it had when it forked us."""
+def proc_kb_bytes(proc_file: str, key: str) -> int:
+    """A "key: N kB" line of a /proc/self file, in bytes (0 where unavailable)."""
     try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
+        for line in open(proc_file):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM); the parent's wait4 rusage would include the
+    high-water mark it had when it forked us."""
+    return proc_kb_bytes("/proc/self/status", "VmHWM")
 
 
 def file_huge_bytes() -> int:
-    """Bytes of this process's file maps backed by 2 MiB page-table entries (FilePmdMapped of
-    /proc/self/smaps_rollup, 0 where unavailable): how the weights were read (docs/pagecache.md)."""
-    try:
-        for line in open("/proc/self/smaps_rollup"):
-            if line.startswith("FilePmdMapped:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    """Bytes of this process's file maps backed by 2 MiB page-table entries (FilePmdMapped): how
+    the weights were read (docs/pagecache.md)."""
+    return proc_kb_bytes("/proc/self/smaps_rollup", "FilePmdMapped")
 
 
 def main(argv: list[str]) -> int:

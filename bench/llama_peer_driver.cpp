@@ -76,28 +76,23 @@ double eval(llama_context * ctx, const llama_token * ids, int n, int pos0) {
     return dt;
 }
 
-// This process's peak resident set (bytes) from /proc/self/status VmHWM, 0 where unavailable.
-// Read here rather than from the parent's wait4 rusage: Linux carries the forking parent's
-// high-water mark over into the child's ru_maxrss.
-long long peak_rss_bytes() {
-    std::ifstream f("/proc/self/status");
+// A "key: N kB" line of a /proc/self file, in bytes; 0 where unavailable.
+long long proc_kb_bytes(const char* proc_file, const std::string& key) {
+    std::ifstream f(proc_file);
     std::string line;
     while (std::getline(f, line)) {
-        if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+        if (line.rfind(key + ":", 0) == 0) return std::atoll(line.c_str() + key.size() + 1) * 1024;
     }
     return 0;
 }
 
-// Bytes of this process's file maps backed by 2 MiB page-table entries (FilePmdMapped of
-// /proc/self/smaps_rollup, 0 where unavailable): whether the weights were read through huge pages.
-long long file_huge_bytes() {
-    std::ifstream f("/proc/self/smaps_rollup");
-    std::string line;
-    while (std::getline(f, line)) {
-        if (line.rfind("FilePmdMapped:", 0) == 0) return std::atoll(line.c_str() + 14) * 1024;
-    }
-    return 0;
-}
+// This process's peak resident set (VmHWM). Read here rather than from the parent's wait4 rusage:
+// Linux carries the forking parent's high-water mark over into the child's ru_maxrss.
+long long peak_rss_bytes() { return proc_kb_bytes("/proc/self/status", "VmHWM"); }
+
+// Bytes of this process's file maps backed by 2 MiB page-table entries (FilePmdMapped): whether
+// the weights were read through huge pages.
+long long file_huge_bytes() { return proc_kb_bytes("/proc/self/smaps_rollup", "FilePmdMapped"); }
 
 struct TensorDump {
     std::string dir;
