@@ -16,6 +16,10 @@ namespace ds4 {
 namespace {
 
 constexpr int64_t kTopKMax = 1024;
+// A top-p prefix of at least this many tokens goes through the bucket partition (shorter ones are
+// radix-sorted), about this many tokens to a bucket (docs/sampling.md, "Sixth round").
+constexpr int64_t kPrefixBucketsMin = 1024;
+constexpr int64_t kPrefixTokensPerBucket = 8;
 
 // The whole-vocabulary loops get an AVX-512 clone, picked at load time where the CPU has it; the
 // arithmetic is the same IEEE float32 in either clone, so the picks do not depend on the CPU.
@@ -221,17 +225,20 @@ float mass_threshold(const float* w, int64_t n, double mass, IdVec& ids, ValVec&
     if (big_w.size() < (size_t)n + 16) big_w.resize((size_t)n + 16);
     const int64_t n_big = collect_finite_at_least(w, n, big, ids.data(), big_w.data());
     const int big_step = n_big >= 4096 ? 4 : 1;
-    auto mass_at = [&](float c) {
+    // Far from the answer (the first steps, a factor of 4 or more in weight away) a sparser sample
+    // of the small weights decides as well: every 16th block until two binades remain.
+    const int coarse = n >= 65536 ? 4 * step : step;
+    auto mass_at = [&](float c, int st) {
         const double r = mass_in(big_w.data(), n_big, c, std::numeric_limits<float>::infinity(), big_step);
-        return c >= big ? r : r + mass_in(w, n, c, big, step);
+        return c >= big ? r : r + mass_in(w, n, c, big, st);
     };
     auto c_of = [](int k) { return (float)std::exp2(-0.25 * k); };
     int lo = 0, hi = 192;   // mass_at(c_of(hi)) >= mass > mass_at(c_of(lo)) once checked
-    if (mass_at(c_of(hi)) < mass) return 0.0f;
-    if (mass_at(c_of(lo)) >= mass) return c_of(lo);
+    if (mass_at(c_of(hi), coarse) < mass) return 0.0f;
+    if (mass_at(c_of(lo), step) >= mass) return c_of(lo);
     while (hi - lo > 1) {
         const int mid = (lo + hi) / 2;
-        (mass_at(c_of(mid)) >= mass ? hi : lo) = mid;
+        (mass_at(c_of(mid), hi - lo > 8 ? coarse : step) >= mass ? hi : lo) = mid;
     }
     return c_of(hi);
 }
@@ -435,7 +442,9 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
             select_buckets(a, n, m, lowest, all_finite, t, total, top_p))
             return;
         for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
-            collect_logits_at_least(a, n, logit_floor(m, t, c));
+            const float floor = logit_floor(m, t, c);
+            collect_logits_at_least(a, n, floor);
+            if (select_prefix_buckets(a, m, floor, t, total, top_p)) return;
             sort_candidates(a);
             weights_of_sorted(m, t);
             done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
@@ -461,6 +470,22 @@ bool Sampler::select_buckets(const float* a, int64_t n, float m, float lowest, b
     // approximates differently, e.g. binade_logit_total_rcp, must pass its own bound here).
     const BucketTopPInput in{a, n, m, lowest, all_finite, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
     if (!bucket_.select(in)) return false;
+    c_ = Candidates{true, c_.no_draw, bucket_.last(), bucket_.ids(), nullptr, bucket_.count(), bucket_.sum()};
+    c_.buckets = &bucket_;
+    return true;
+}
+
+bool Sampler::select_prefix_buckets(const float* a, float m, float floor, float t, float total, float top_p) {
+    // The collected prefix (ids_/vals_: every finite logit >= floor) through the bucket partition
+    // instead of a radix sort: only the buckets where the order can change a bit are sorted. Short
+    // prefixes sort faster than they bucket (docs/sampling.md, "Sixth round").
+    const int64_t k = (int64_t)ids_.size();
+    if (k < kPrefixBucketsMin || !(floor > kNegInf)) return false;
+    BucketTopPInput in{a, k, m, floor, true, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
+    in.buckets = (int)std::min<int64_t>(4096, std::max<int64_t>(16, k / kPrefixTokensPerBucket));
+    in.sub = ids_.data();
+    in.sub_vals = vals_.data();
+    if (!bucket_.select(in)) return false;   // no stop inside the prefix: the sorted path decides
     c_ = Candidates{true, c_.no_draw, bucket_.last(), bucket_.ids(), nullptr, bucket_.count(), bucket_.sum()};
     c_.buckets = &bucket_;
     return true;
