@@ -133,6 +133,9 @@ void init_sampling(py::module_& m) {
     m.def("_bucket_top_p_min_kept", &ds4::bucket_top_p_min_kept);
     m.def("_bucket_top_p_selections", &ds4::bucket_top_p_selections);
     m.def("_bucket_top_p_prefix_selections", &ds4::bucket_top_p_prefix_selections);
+    m.def("_set_bucket_top_p_prefix_min", &ds4::set_bucket_top_p_prefix_min, py::arg("v"),
+          "a collected top-p prefix of at least this many tokens goes through the bucket partition (inf: never)");
+    m.def("_bucket_top_p_prefix_min", &ds4::bucket_top_p_prefix_min);
     // The whole vocabulary's total and walk with reciprocal-argument approximations (rel from
     // _reciprocal_weight_rel; 0 falls back to the divided arguments), and that bound.
     m.def("_reciprocal_weight_rel", &ds4::reciprocal_weight_rel, py::arg("m"), py::arg("t"), py::arg("lowest"));

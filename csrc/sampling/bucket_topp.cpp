@@ -35,6 +35,7 @@ constexpr float kShifter = 0x1.8p23f;   // y + 1.5 * 2^23 rounds 0 <= y < 2^22 t
 std::atomic<float> g_min_kept{40000.0f};
 std::atomic<int64_t> g_selections{0};
 std::atomic<int64_t> g_prefix_selections{0};
+std::atomic<float> g_prefix_min{1024.0f};
 
 // b = fl(fl(hi - l) * scale) clamped to top, the index of logit l's bucket: monotone in l (a
 // rounded subtraction and a rounded product by a positive constant never reverse an order), and
@@ -104,6 +105,8 @@ inline bool in_model(float s) { return s >= binade::kModelMin && s <= binade::kM
 float bucket_top_p_min_kept() { return g_min_kept.load(std::memory_order_relaxed); }
 void set_bucket_top_p_min_kept(float v) { g_min_kept.store(v, std::memory_order_relaxed); }
 int64_t bucket_top_p_selections() { return g_selections.load(std::memory_order_relaxed); }
+float bucket_top_p_prefix_min() { return g_prefix_min.load(std::memory_order_relaxed); }
+void set_bucket_top_p_prefix_min(float v) { g_prefix_min.store(v, std::memory_order_relaxed); }
 int64_t bucket_top_p_prefix_selections() { return g_prefix_selections.load(std::memory_order_relaxed); }
 
 DS4_BUCKET_HOT int64_t estimate_count_at_least(const float* w, int64_t n, float c) {

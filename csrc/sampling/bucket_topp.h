@@ -92,6 +92,11 @@ private:
 float bucket_top_p_min_kept();
 void set_bucket_top_p_min_kept(float v);
 
+// The same for a collected top-p prefix (BucketTopPInput::sub; default 1,024 tokens, below which
+// the radix sort costs less). Tests and measurements set 0 (always) or inf (never).
+float bucket_top_p_prefix_min();
+void set_bucket_top_p_prefix_min(float v);
+
 // How many selections the bucket partition has decided in this process (tests: that a branch ran):
 // over the whole vocabulary, and over a collected top-p prefix (BucketTopPInput::sub).
 int64_t bucket_top_p_selections();

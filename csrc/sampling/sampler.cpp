@@ -16,9 +16,8 @@ namespace ds4 {
 namespace {
 
 constexpr int64_t kTopKMax = 1024;
-// A top-p prefix of at least this many tokens goes through the bucket partition (shorter ones are
-// radix-sorted), about this many tokens to a bucket (docs/sampling.md, "Sixth round").
-constexpr int64_t kPrefixBucketsMin = 1024;
+// A top-p prefix of at least bucket_top_p_prefix_min() tokens goes through the bucket partition
+// (shorter ones are radix-sorted), about this many tokens to a bucket (docs/sampling.md, "Sixth round").
 constexpr int64_t kPrefixTokensPerBucket = 8;
 
 // The whole-vocabulary loops get an AVX-512 clone, picked at load time where the CPU has it; the
@@ -480,7 +479,7 @@ bool Sampler::select_prefix_buckets(const float* a, float m, float floor, float 
     // instead of a radix sort: only the buckets where the order can change a bit are sorted. Short
     // prefixes sort faster than they bucket (docs/sampling.md, "Sixth round").
     const int64_t k = (int64_t)ids_.size();
-    if (k < kPrefixBucketsMin || !(floor > kNegInf)) return false;
+    if ((float)k < bucket_top_p_prefix_min() || !(floor > kNegInf)) return false;
     BucketTopPInput in{a, k, m, floor, true, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
     in.buckets = (int)std::min<int64_t>(4096, std::max<int64_t>(16, k / kPrefixTokensPerBucket));
     in.sub = ids_.data();
