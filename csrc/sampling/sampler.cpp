@@ -19,6 +19,8 @@ constexpr int64_t kTopKMax = 1024;
 // A top-p prefix of at least bucket_top_p_prefix_min() tokens goes through the bucket partition
 // (shorter ones are radix-sorted), about this many tokens to a bucket (docs/sampling.md, "Sixth round").
 constexpr int64_t kPrefixTokensPerBucket = 8;
+// Vocabularies from this size on collect a likely top-p prefix during the max pass (min_p 0).
+constexpr int64_t kEarlyPrefixMinVocab = 16384;
 
 // The whole-vocabulary loops get an AVX-512 clone, picked at load time where the CPU has it; the
 // arithmetic is the same IEEE float32 in either clone, so the picks do not depend on the CPU.
@@ -378,10 +380,34 @@ bool Sampler::filter_sorted(float total, float top_p, float min_p, bool list_is_
     return cut < m || list_is_everything;
 }
 
+float Sampler::max_and_prefix(const float* a, int64_t n, float d, int64_t* n_finite, float* lowest, float* floor_out) {
+    // The max pass, then one collection at fl(m - d). (Collecting during the max pass at the
+    // running maximum's threshold was measured: on flat logits the running maximum approaches the
+    // final one slowly, and the superset, three times the prefix, cost more than the pass it saved.)
+    // When every finite logit is within d (a high temperature) nothing is collected: the whole
+    // vocabulary is no prefix worth bucketing apart from the whole-vocabulary branch.
+    const float m = finite_max(a, n, n_finite, lowest);
+    *floor_out = kNegInf;
+    const float floor = m - d;
+    if (m == kNegInf || !(floor > *lowest)) return m;
+    collect_logits_at_least(a, n, floor);
+    *floor_out = floor;
+    return m;
+}
+
 void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float min_p) {
     int64_t n_finite = 0;
     float lowest = 0.0f;
-    const float m = finite_max(a, n, &n_finite, &lowest);
+    // min_p 0 with top_p < 1 on a large vocabulary: the max pass also collects the logits within d
+    // of the maximum, a prefix of the sorted order that likely holds the top-p stop (the bucket
+    // partition below checks that it does). d covers weights down to 2^-(9 + 1.5 log2(1 /
+    // (1 - top_p))): 2^-14 at top_p .9 (flat N(0, 3) logits stop near 2^-12.8 there).
+    float prefix_floor = kNegInf;
+    const bool early = min_p == 0.0f && top_p < 1.0f && n >= kEarlyPrefixMinVocab &&
+                       bucket_top_p_prefix_min() <= (float)n;
+    const float d = early ? t * (float)(std::log(2.0) * std::min(24.0, 9.0 - 1.5 * std::log2(1.0 - (double)top_p))) : 0.0f;
+    const float m = early ? max_and_prefix(a, n, d, &n_finite, &lowest, &prefix_floor)
+                          : finite_max(a, n, &n_finite, &lowest);
     if (m == kNegInf) {   // no finite logit
         c_.no_draw = argmax_logits(a, n);
         return;
@@ -414,7 +440,17 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         buckets_tried = true;
         if (select_buckets(a, n, m, lowest, all_finite, t, total, top_p)) return;
     }
+    // The prefix collected after the max pass (every finite logit >= prefix_floor), if it holds
+    // the stop: bucketed when long, else sorted (filter_sorted checks that the stop is inside).
     bool done = false;
+    if (prefix_floor > kNegInf) {
+        if (select_prefix_buckets(a, m, prefix_floor, t, total, top_p)) return;
+        if ((float)ids_.size() < bucket_top_p_prefix_min()) {
+            sort_candidates(a);
+            weights_of_sorted(m, t);
+            done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
+        }
+    }
     if (min_p > 0.0f) {
         // p/total >= fl(1/total)*min_p needs p >= min_p up to a few ulps: a 0.1% margin is a superset.
         const float c = std::min(min_p, 1.0f) * 0.999f;
