@@ -71,7 +71,7 @@ def test_prefix_without_the_stop_is_refused():
 
 
 @pytest.mark.parametrize("kind", ["flat", "peaked", "ties", "heavy", "nonfinite", "tinyrange"])
-@pytest.mark.parametrize("t, top_p", [(1.0, 0.9), (1.0, 0.95), (1.0, 0.5), (1.5, 0.9), (0.7, 0.99)])
+@pytest.mark.parametrize("t, top_p", [(1.0, 0.9), (1.0, 0.95), (1.0, 0.5), (1.5, 0.9), (0.7, 0.99), (0.05, 0.9), (100.0, 0.9)])
 def test_sampler_prefix_branch_equals_plain_reference(kind, t, top_p):
     # The sampler at its defaults (min_p 0): picks, RNG states and probabilities() bits against
     # the plain reference, whichever branch decides.
@@ -98,3 +98,26 @@ def test_sampler_prefix_branch_decides_the_bench_row(seed):
     got, want = probabilities(logits, 1.0, 0, 0.9, 0.0), plain_probabilities(logits, 1.0, 0, 0.9, 0.0)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert _core()._bucket_top_p_prefix_selections() == before + 5
+
+
+@pytest.mark.parametrize("head, head_logit, tail_logit, top_p", [(10, 0.0, -12.0, 0.95), (1100, -9.6, -9.8, 0.9)])
+def test_sampler_prefix_without_the_stop_falls_back(head, head_logit, tail_logit, top_p):
+    # One token at logit 0, `head` at head_logit and the rest of 129,280 at tail_logit, just below
+    # the floor fl(max - d) of the prefix collected after the max pass (d = 9.69 at T 1, top_p .9;
+    # 10.74 at .95), while the top-p stop lies in the tail: the short prefix (11 tokens: sorted) and
+    # the long one (1,101: bucketed) must both be refused, and the sampler must still keep the tail
+    # tokens the plain loop keeps.
+    n = 129_280
+    logits = np.full(n, tail_logit, dtype=np.float32)
+    pick = np.random.default_rng(head).choice(n, head + 1, replace=False)
+    logits[pick[:-1]] = head_logit
+    logits[pick[-1]] = 0.0
+    before = _core()._bucket_top_p_prefix_selections()
+    got, want = probabilities(logits, 1.0, 0, top_p, 0.0), plain_probabilities(logits, 1.0, 0, top_p, 0.0)
+    assert _core()._bucket_top_p_prefix_selections() == before   # refused
+    assert np.count_nonzero(want) > head + 1   # the stop is in the tail
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    for draw in range(3):
+        a, b = Rng(draw), Rng(draw)
+        assert sample(logits, 1.0, 0, top_p, 0.0, a) == plain_sample(logits, 1.0, 0, top_p, 0.0, b)
+        assert a.state == b.state
