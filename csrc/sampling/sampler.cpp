@@ -18,7 +18,7 @@ namespace {
 constexpr int64_t kTopKMax = 1024;
 // A top-p prefix of at least bucket_top_p_prefix_min() tokens goes through the bucket partition
 // (shorter ones are radix-sorted), about this many tokens to a bucket (docs/sampling.md, "Sixth round").
-constexpr int64_t kPrefixTokensPerBucket = 8;
+constexpr int64_t kPrefixTokensPerBucket = 16;
 // Vocabularies from this size on collect a likely top-p prefix during the max pass (min_p 0).
 constexpr int64_t kEarlyPrefixMinVocab = 16384;
 
