@@ -19,7 +19,7 @@ constexpr int64_t kTopKMax = 1024;
 // A top-p prefix of at least bucket_top_p_prefix_min() tokens goes through the bucket partition
 // (shorter ones are radix-sorted), about this many tokens to a bucket (docs/sampling.md, "Sixth round").
 constexpr int64_t kPrefixTokensPerBucket = 16;
-// Vocabularies from this size on collect a likely top-p prefix during the max pass (min_p 0).
+// Vocabularies from this size on collect a likely top-p prefix right after the max pass (min_p 0).
 constexpr int64_t kEarlyPrefixMinVocab = 16384;
 
 // The whole-vocabulary loops get an AVX-512 clone, picked at load time where the CPU has it; the
@@ -398,10 +398,11 @@ float Sampler::max_and_prefix(const float* a, int64_t n, float d, int64_t* n_fin
 void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float min_p) {
     int64_t n_finite = 0;
     float lowest = 0.0f;
-    // min_p 0 with top_p < 1 on a large vocabulary: the max pass also collects the logits within d
-    // of the maximum, a prefix of the sorted order that likely holds the top-p stop (the bucket
-    // partition below checks that it does). d covers weights down to 2^-(9 + 1.5 log2(1 /
-    // (1 - top_p))): 2^-14 at top_p .9 (flat N(0, 3) logits stop near 2^-12.8 there).
+    // min_p 0 with top_p < 1 on a large vocabulary: right after the max pass, collect the logits
+    // within d of the maximum, a prefix of the sorted order that likely holds the top-p stop (the
+    // code below checks that it does; else the mass threshold's guesses follow). d covers weights
+    // down to 2^-(9 + 1.5 log2(1 / (1 - top_p))): 2^-14 at top_p .9, where N(0, 3) logits stop
+    // between 2^-11.5 and 2^-13.7 (docs/sampling.md, "Sixth round").
     float prefix_floor = kNegInf;
     const bool early = min_p == 0.0f && top_p < 1.0f && n >= kEarlyPrefixMinVocab &&
                        bucket_top_p_prefix_min() <= (float)n;
