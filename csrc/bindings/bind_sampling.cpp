@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <vector>
 #include <utility>
 
@@ -93,20 +94,30 @@ void init_sampling(py::module_& m) {
     // tokens in sorted buckets).
     m.def("_bucket_top_p",
           [](const Logits& a, const Logits& w, const Logits& wa, float rel, float total, float top_p, int buckets,
-             const Logits& rs) -> py::object {
+             const Logits& rs, float floor) -> py::object {
               const int64_t n = a.size();
               if (w.size() != n || wa.size() != n) throw py::value_error("a, w and wa differ in length");
               float hi = -__builtin_inff(), lo = __builtin_inff();
               bool all_finite = true;
+              std::vector<int32_t> sub;   // floor given: the prefix of finite logits >= floor, as the sampler collects it
+              std::vector<float> sub_vals;
               for (int64_t i = 0; i < n; ++i) {
                   const float v = a.data()[i];
                   if (!(v - v == 0.0f)) { all_finite = false; continue; }
                   hi = std::max(hi, v);
                   lo = std::min(lo, v);
+                  if (v >= floor) { sub.push_back((int32_t)i); sub_vals.push_back(v); }
               }
               if (!(hi >= lo)) return py::none();
-              ds4::BucketTopPInput in{a.data(), n, hi, lo, all_finite, wa.data(), rel, w.data(), hi, 1.0f, total, top_p,
-                                      buckets};
+              const bool prefix = floor - floor == 0.0f;
+              if (prefix) lo = floor;   // a bound at or below the prefix's logits, as the sampler passes
+              ds4::BucketTopPInput in{a.data(), prefix ? (int64_t)sub.size() : n, hi, lo, all_finite, wa.data(), rel,
+                                      w.data(), hi, 1.0f, total, top_p, buckets};
+              if (prefix) {
+                  if (sub.empty()) return py::none();
+                  in.sub = sub.data();
+                  in.sub_vals = sub_vals.data();
+              }
               ds4::BucketTopP b;
               if (!b.select(in)) return py::none();
               py::array_t<int32_t> kept(b.count());
@@ -116,11 +127,15 @@ void init_sampling(py::module_& m) {
               return py::make_tuple(b.count(), b.sum(), kept, picks, b.sorted_tokens());
           },
           py::arg("a"), py::arg("w"), py::arg("wa"), py::arg("rel"), py::arg("total"), py::arg("top_p"),
-          py::arg("buckets"), py::arg("rs"));
+          py::arg("buckets"), py::arg("rs"), py::arg("floor") = std::numeric_limits<float>::quiet_NaN());
     m.def("_set_bucket_top_p_min_kept", &ds4::set_bucket_top_p_min_kept, py::arg("v"),
           "the sampler's bucket branch runs when more tokens than this are kept (0: always, inf: never)");
     m.def("_bucket_top_p_min_kept", &ds4::bucket_top_p_min_kept);
     m.def("_bucket_top_p_selections", &ds4::bucket_top_p_selections);
+    m.def("_bucket_top_p_prefix_selections", &ds4::bucket_top_p_prefix_selections);
+    m.def("_set_bucket_top_p_prefix_min", &ds4::set_bucket_top_p_prefix_min, py::arg("v"),
+          "a collected top-p prefix of at least this many tokens goes through the bucket partition (inf: never)");
+    m.def("_bucket_top_p_prefix_min", &ds4::bucket_top_p_prefix_min);
     // The whole vocabulary's total and walk with reciprocal-argument approximations (rel from
     // _reciprocal_weight_rel; 0 falls back to the divided arguments), and that bound.
     m.def("_reciprocal_weight_rel", &ds4::reciprocal_weight_rel, py::arg("m"), py::arg("t"), py::arg("lowest"));

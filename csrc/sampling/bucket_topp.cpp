@@ -34,6 +34,8 @@ constexpr float kShifter = 0x1.8p23f;   // y + 1.5 * 2^23 rounds 0 <= y < 2^22 t
 
 std::atomic<float> g_min_kept{40000.0f};
 std::atomic<int64_t> g_selections{0};
+std::atomic<int64_t> g_prefix_selections{0};
+std::atomic<float> g_prefix_min{1024.0f};
 
 // b = fl(fl(hi - l) * scale) clamped to top, the index of logit l's bucket: monotone in l (a
 // rounded subtraction and a rounded product by a positive constant never reverse an order), and
@@ -103,6 +105,9 @@ inline bool in_model(float s) { return s >= binade::kModelMin && s <= binade::kM
 float bucket_top_p_min_kept() { return g_min_kept.load(std::memory_order_relaxed); }
 void set_bucket_top_p_min_kept(float v) { g_min_kept.store(v, std::memory_order_relaxed); }
 int64_t bucket_top_p_selections() { return g_selections.load(std::memory_order_relaxed); }
+float bucket_top_p_prefix_min() { return g_prefix_min.load(std::memory_order_relaxed); }
+void set_bucket_top_p_prefix_min(float v) { g_prefix_min.store(v, std::memory_order_relaxed); }
+int64_t bucket_top_p_prefix_selections() { return g_prefix_selections.load(std::memory_order_relaxed); }
 
 DS4_BUCKET_HOT int64_t estimate_count_at_least(const float* w, int64_t n, float c) {
     int64_t k = 0;
@@ -159,6 +164,10 @@ void BucketTopP::scatter(int64_t n, int nb, int64_t n_finite) {
     std::memcpy(cur, off_.get(nb + 2), sizeof(uint32_t) * (size_t)nb);
     int32_t* ids = ids_.get(n_finite + 1);
     w_.get(n_finite + 1);   // the exact weights of buckets that need them, by position
+    if (const int32_t* sub = in_.sub) {   // a prefix: every candidate finite
+        for (int64_t i = 0; i < n; ++i) ids[cur[bix[i]]++] = sub[i];
+        return;
+    }
     for (int64_t i = 0; i < n; ++i) {
         const uint32_t b = bix[i];
         if (b == (uint32_t)nb) continue;   // not finite
@@ -176,7 +185,11 @@ bool BucketTopP::select(const BucketTopPInput& in) {
     if (!(scale <= FLT_MAX)) scale = FLT_MAX;   // still monotone; the clamp keeps indices in range
 
     uint16_t* bix = bix_.get(in.n);
-    bucket_index(in.a, in.n, in.hi, scale, (float)(nb - 1), (float)nb, in.all_finite, bix);
+    if (in.sub) {
+        bucket_index(in.sub_vals, in.n, in.hi, scale, (float)(nb - 1), (float)nb, true, bix);
+    } else {
+        bucket_index(in.a, in.n, in.hi, scale, (float)(nb - 1), (float)nb, in.all_finite, bix);
+    }
     // A stable counting sort into buckets: positions in id order inside each bucket.
     uint32_t* off = off_.get(nb + 2);
     std::memset(off, 0, sizeof(uint32_t) * (size_t)(nb + 2));
@@ -210,7 +223,7 @@ bool BucketTopP::select(const BucketTopPInput& in) {
             stop_bucket_ = k;
             kept_ = b0 + hit + 1;
             sum_ = s;
-            g_selections.fetch_add(1, std::memory_order_relaxed);
+            (in.sub ? g_prefix_selections : g_selections).fetch_add(1, std::memory_order_relaxed);
             return true;
         }
     }

@@ -25,6 +25,12 @@ struct BucketTopPInput {
     float m = 0.0f, t = 1.0f;
     float total = 0.0f, top_p = 1.0f;   // the stop: the first sorted position with fl(sum / total) >= top_p
     int buckets = 4096;                  // 1..65535
+    // A top-p prefix instead of the whole vocabulary (docs/sampling.md, "Sixth round"): the n
+    // candidates are the ids sub[0..n), ascending, every finite token with a logit >= lo (so the
+    // set is a prefix of the sorted order), with their logits sub_vals[j] = a[sub[j]]. lo is then
+    // a bound at or below the smallest of them. Null: every token 0..n-1.
+    const int32_t* sub = nullptr;
+    const float* sub_vals = nullptr;
 };
 
 class BucketTopP {
@@ -86,8 +92,15 @@ private:
 float bucket_top_p_min_kept();
 void set_bucket_top_p_min_kept(float v);
 
-// How many selections the bucket partition has decided in this process (tests: that a branch ran).
+// The same for a collected top-p prefix (BucketTopPInput::sub; default 1,024 tokens, below which
+// the radix sort costs less). Tests and measurements set 0 (always) or inf (never).
+float bucket_top_p_prefix_min();
+void set_bucket_top_p_prefix_min(float v);
+
+// How many selections the bucket partition has decided in this process (tests: that a branch ran):
+// over the whole vocabulary, and over a collected top-p prefix (BucketTopPInput::sub).
 int64_t bucket_top_p_selections();
+int64_t bucket_top_p_prefix_selections();
 
 // About how many w[i] >= c: every fourth block of 16 counted, times 4 (a guide only).
 int64_t estimate_count_at_least(const float* w, int64_t n, float c);

@@ -16,6 +16,11 @@ namespace ds4 {
 namespace {
 
 constexpr int64_t kTopKMax = 1024;
+// A top-p prefix of at least bucket_top_p_prefix_min() tokens goes through the bucket partition
+// (shorter ones are radix-sorted), about this many tokens to a bucket (docs/sampling.md, "Sixth round").
+constexpr int64_t kPrefixTokensPerBucket = 16;
+// Vocabularies from this size on collect a likely top-p prefix right after the max pass (min_p 0).
+constexpr int64_t kEarlyPrefixMinVocab = 16384;
 
 // The whole-vocabulary loops get an AVX-512 clone, picked at load time where the CPU has it; the
 // arithmetic is the same IEEE float32 in either clone, so the picks do not depend on the CPU.
@@ -221,17 +226,20 @@ float mass_threshold(const float* w, int64_t n, double mass, IdVec& ids, ValVec&
     if (big_w.size() < (size_t)n + 16) big_w.resize((size_t)n + 16);
     const int64_t n_big = collect_finite_at_least(w, n, big, ids.data(), big_w.data());
     const int big_step = n_big >= 4096 ? 4 : 1;
-    auto mass_at = [&](float c) {
+    // Far from the answer (the first steps, a factor of 4 or more in weight away) a sparser sample
+    // of the small weights decides as well: every 16th block until two binades remain.
+    const int coarse = n >= 65536 ? 4 * step : step;
+    auto mass_at = [&](float c, int st) {
         const double r = mass_in(big_w.data(), n_big, c, std::numeric_limits<float>::infinity(), big_step);
-        return c >= big ? r : r + mass_in(w, n, c, big, step);
+        return c >= big ? r : r + mass_in(w, n, c, big, st);
     };
     auto c_of = [](int k) { return (float)std::exp2(-0.25 * k); };
     int lo = 0, hi = 192;   // mass_at(c_of(hi)) >= mass > mass_at(c_of(lo)) once checked
-    if (mass_at(c_of(hi)) < mass) return 0.0f;
-    if (mass_at(c_of(lo)) >= mass) return c_of(lo);
+    if (mass_at(c_of(hi), coarse) < mass) return 0.0f;
+    if (mass_at(c_of(lo), step) >= mass) return c_of(lo);
     while (hi - lo > 1) {
         const int mid = (lo + hi) / 2;
-        (mass_at(c_of(mid)) >= mass ? hi : lo) = mid;
+        (mass_at(c_of(mid), hi - lo > 8 ? coarse : step) >= mass ? hi : lo) = mid;
     }
     return c_of(hi);
 }
@@ -372,10 +380,35 @@ bool Sampler::filter_sorted(float total, float top_p, float min_p, bool list_is_
     return cut < m || list_is_everything;
 }
 
+float Sampler::max_and_prefix(const float* a, int64_t n, float d, int64_t* n_finite, float* lowest, float* floor_out) {
+    // The max pass, then one collection at fl(m - d). (Collecting during the max pass at the
+    // running maximum's threshold was measured: on flat logits the running maximum approaches the
+    // final one slowly, and the superset, three times the prefix, cost more than the pass it saved.)
+    // When every finite logit is within d (a high temperature) nothing is collected: the whole
+    // vocabulary is no prefix worth bucketing apart from the whole-vocabulary branch.
+    const float m = finite_max(a, n, n_finite, lowest);
+    *floor_out = kNegInf;
+    const float floor = m - d;
+    if (m == kNegInf || !(floor > *lowest)) return m;
+    collect_logits_at_least(a, n, floor);
+    *floor_out = floor;
+    return m;
+}
+
 void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float min_p) {
     int64_t n_finite = 0;
     float lowest = 0.0f;
-    const float m = finite_max(a, n, &n_finite, &lowest);
+    // min_p 0 with top_p < 1 on a large vocabulary: right after the max pass, collect the logits
+    // within d of the maximum, a prefix of the sorted order that likely holds the top-p stop (the
+    // code below checks that it does; else the mass threshold's guesses follow). d covers weights
+    // down to 2^-(9 + 1.5 log2(1 / (1 - top_p))): 2^-14 at top_p .9, where N(0, 3) logits stop
+    // between 2^-11.5 and 2^-13.7 (docs/sampling.md, "Sixth round").
+    float prefix_floor = kNegInf;
+    const bool early = min_p == 0.0f && top_p < 1.0f && n >= kEarlyPrefixMinVocab &&
+                       bucket_top_p_prefix_min() <= (float)n;
+    const float d = early ? t * (float)(std::log(2.0) * std::min(24.0, 9.0 - 1.5 * std::log2(1.0 - (double)top_p))) : 0.0f;
+    const float m = early ? max_and_prefix(a, n, d, &n_finite, &lowest, &prefix_floor)
+                          : finite_max(a, n, &n_finite, &lowest);
     if (m == kNegInf) {   // no finite logit
         c_.no_draw = argmax_logits(a, n);
         return;
@@ -408,7 +441,17 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         buckets_tried = true;
         if (select_buckets(a, n, m, lowest, all_finite, t, total, top_p)) return;
     }
+    // The prefix collected after the max pass (every finite logit >= prefix_floor), if it holds
+    // the stop: bucketed when long, else sorted (filter_sorted checks that the stop is inside).
     bool done = false;
+    if (prefix_floor > kNegInf) {
+        if (select_prefix_buckets(a, m, prefix_floor, t, total, top_p)) return;
+        if ((float)ids_.size() < bucket_top_p_prefix_min()) {
+            sort_candidates(a);
+            weights_of_sorted(m, t);
+            done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
+        }
+    }
     if (min_p > 0.0f) {
         // p/total >= fl(1/total)*min_p needs p >= min_p up to a few ulps: a 0.1% margin is a superset.
         const float c = std::min(min_p, 1.0f) * 0.999f;
@@ -435,7 +478,9 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
             select_buckets(a, n, m, lowest, all_finite, t, total, top_p))
             return;
         for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
-            collect_logits_at_least(a, n, logit_floor(m, t, c));
+            const float floor = logit_floor(m, t, c);
+            collect_logits_at_least(a, n, floor);
+            if (select_prefix_buckets(a, m, floor, t, total, top_p)) return;
             sort_candidates(a);
             weights_of_sorted(m, t);
             done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
@@ -461,6 +506,22 @@ bool Sampler::select_buckets(const float* a, int64_t n, float m, float lowest, b
     // approximates differently, e.g. binade_logit_total_rcp, must pass its own bound here).
     const BucketTopPInput in{a, n, m, lowest, all_finite, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
     if (!bucket_.select(in)) return false;
+    c_ = Candidates{true, c_.no_draw, bucket_.last(), bucket_.ids(), nullptr, bucket_.count(), bucket_.sum()};
+    c_.buckets = &bucket_;
+    return true;
+}
+
+bool Sampler::select_prefix_buckets(const float* a, float m, float floor, float t, float total, float top_p) {
+    // The collected prefix (ids_/vals_: every finite logit >= floor) through the bucket partition
+    // instead of a radix sort: only the buckets where the order can change a bit are sorted. Short
+    // prefixes sort faster than they bucket (docs/sampling.md, "Sixth round").
+    const int64_t k = (int64_t)ids_.size();
+    if ((float)k < bucket_top_p_prefix_min() || !(floor > kNegInf)) return false;
+    BucketTopPInput in{a, k, m, floor, true, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
+    in.buckets = (int)std::min<int64_t>(4096, std::max<int64_t>(16, k / kPrefixTokensPerBucket));
+    in.sub = ids_.data();
+    in.sub_vals = vals_.data();
+    if (!bucket_.select(in)) return false;   // no stop inside the prefix: the sorted path decides
     c_ = Candidates{true, c_.no_draw, bucket_.last(), bucket_.ids(), nullptr, bucket_.count(), bucket_.sum()};
     c_.buckets = &bucket_;
     return true;

@@ -89,9 +89,16 @@ private:
     template <class T> using Scratch = std::vector<T, NoInit<T>>;
 
     void select_full(const float* a, int64_t n, float t, float top_p, float min_p);
+    // finite_max (the largest finite logit; n_finite, lowest), then every finite logit >=
+    // *floor_out = fl(max - d) into ids_/vals_, ascending ids; *floor_out = -inf when none was
+    // collected (no finite logit, or every finite logit within d: nothing to cut).
+    float max_and_prefix(const float* a, int64_t n, float d, int64_t* n_finite, float* lowest, float* floor_out);
     void select_min_p(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float min_p);
     // The bucket partition's kept set (bucket_topp.h); false when it does not decide.
     bool select_buckets(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float total, float top_p);
+    // The top-p prefix in ids_/vals_ (every finite logit >= floor) through the bucket partition;
+    // false when too short for it or when the prefix does not hold the stop.
+    bool select_prefix_buckets(const float* a, float m, float floor, float t, float total, float top_p);
     void keep_all_finite(const float* a, int64_t n, float m, float lowest, float t, bool all_finite);
     // All finite logits equal (n_finite of them, fewer than 2^24): every weight is exp(0) = 1.
     void select_equal(const float* a, int64_t n, int64_t n_finite, float top_p, float min_p);

@@ -1,0 +1,123 @@
+"""The top-p prefix through the bucket partition (docs/sampling.md, "Sixth round").
+
+`min_p 0, top_p < 1` collects a prefix of the sorted order (every finite logit at or above a
+floor guessed from the approximate masses) and, when it holds at least 1,024 tokens, hands it to
+the bucket partition (csrc/sampling/bucket_topp.*) instead of radix-sorting it. The kept set, the
+float32 sum and the walk's picks must be the sorted loops' bit for bit; a prefix that does not
+hold the stop must be refused (the sorted path then decides).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ds4.sampling import Rng, probabilities, sample
+from test_sampling import (F, _bucket_case, _core, _f32_bits_equal, _plain_sum, _plain_top_p, _vocab_logits,
+                           plain_probabilities, plain_sample)
+
+
+def _check_prefix(a, w, total, top_p, rs, buckets, floor, wa=None, rel=0.0):
+    """The partition of the prefix {finite a >= floor} against the sorted loops over that prefix."""
+    a, w = np.asarray(a, dtype=np.float32), np.asarray(w, dtype=np.float32)
+    wa = w if wa is None else np.asarray(wa, dtype=np.float32)
+    got = _core()._bucket_top_p(a, w, wa, rel, F(total), F(top_p), buckets, np.asarray(rs, dtype=np.float32),
+                                floor=F(floor))
+    with np.errstate(invalid="ignore"):
+        outside = ~(a >= F(floor))   # (NaN too)
+    want = _plain_top_p(np.where(outside, np.float32(-np.inf), a), w, total, top_p, rs)
+    if want is None:
+        assert got is None   # the stop lies beyond the prefix (or nowhere): refused
+        return None
+    assert got is not None
+    count, s, kept, picks, _ = got
+    assert count == want[0].size and _f32_bits_equal(s, want[1])
+    assert np.array_equal(np.sort(kept), np.sort(want[0]))
+    assert picks == want[2]
+    return count
+
+
+@given(st.sampled_from(["flat", "ties", "halves", "crossing", "denormal", "nonfinite", "zeros"]),
+       st.integers(0, 2**32), st.sampled_from([100, 2000, 20000]), st.sampled_from([1, 7, 64, 4096]),
+       st.sampled_from([0.1, 0.5, 0.9, 0.99]), st.sampled_from([0.02, 0.3, 0.7, 1.0]), st.booleans())
+def test_prefix_buckets_equal_the_sorted_loops_over_the_prefix(kind, seed, n, buckets, top_p, q, approx):
+    # The floor at the q-quantile of the finite logits from the top (1.0: every finite token): a
+    # prefix that holds the stop or not, cut inside tie runs or between them.
+    g = np.random.default_rng(seed)
+    a, w = _bucket_case(kind, g, n)
+    fin = np.isfinite(a)
+    if not fin.any():
+        return
+    total = _plain_sum(np.where(fin, w, F(0)))
+    vals = np.sort(a[fin])[::-1]
+    floor = vals[min(vals.size - 1, int(q * vals.size))]
+    rel = 2.0**-20 if approx else 0.0
+    wa = w
+    if approx:
+        wa = (w.astype(np.float64) * (1 + rel * g.choice([-1.0, 1.0, 0.999, g.uniform(-1, 1)], n))).astype(np.float32)
+    rs = [F(u) * total for u in g.random(6).astype(np.float32)] + [F(0), total]
+    _check_prefix(a, w, total, top_p, rs, buckets, floor, wa=wa, rel=rel)
+
+
+def test_prefix_without_the_stop_is_refused():
+    # Ten tokens of weight 1, total 10, top_p .9: the stop is the ninth token. A prefix of eight
+    # must be refused (its whole sum stays below the stop), one of nine or more decides.
+    a = np.arange(10, 0, -1).astype(np.float32)
+    w = np.ones(10, dtype=np.float32)
+    for floor, kept in ((3.0, None), (2.0, 9), (1.0, 9)):
+        assert _check_prefix(a, w, F(10), 0.9, [F(0.5), F(8.5), F(10)], 4, floor) == kept
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "ties", "heavy", "nonfinite", "tinyrange"])
+@pytest.mark.parametrize("t, top_p", [(1.0, 0.9), (1.0, 0.95), (1.0, 0.5), (1.5, 0.9), (0.7, 0.99), (0.05, 0.9), (100.0, 0.9)])
+def test_sampler_prefix_branch_equals_plain_reference(kind, t, top_p):
+    # The sampler at its defaults (min_p 0): picks, RNG states and probabilities() bits against
+    # the plain reference, whichever branch decides.
+    logits = _vocab_logits(23, 129_280, kind)
+    for draw in range(3):
+        a, b = Rng(draw), Rng(draw)
+        assert sample(logits, t, 0, top_p, 0.0, a) == plain_sample(logits, t, 0, top_p, 0.0, b)
+        assert a.state == b.state
+    got, want = probabilities(logits, t, 0, top_p, 0.0), plain_probabilities(logits, t, 0, top_p, 0.0)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampler_prefix_branch_decides_the_bench_row(seed):
+    # Flat N(0, 3) logits at T 1, top_p .9 (the bench's row, a prefix of ~5,000-7,000 tokens):
+    # the prefix branch decides every call, and picks as the plain reference does.
+    g = np.random.default_rng(seed)
+    logits = g.normal(0, 3, 129_280).astype(np.float32)
+    before = _core()._bucket_top_p_prefix_selections()
+    for draw in range(4):
+        a, b = Rng(draw), Rng(draw)
+        assert sample(logits, 1.0, 0, 0.9, 0.0, a) == plain_sample(logits, 1.0, 0, 0.9, 0.0, b)
+        assert a.state == b.state
+    got, want = probabilities(logits, 1.0, 0, 0.9, 0.0), plain_probabilities(logits, 1.0, 0, 0.9, 0.0)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert _core()._bucket_top_p_prefix_selections() == before + 5
+
+
+@pytest.mark.parametrize("head, head_logit, tail_logit, top_p", [(10, 0.0, -12.0, 0.95), (1100, -9.6, -9.8, 0.9)])
+def test_sampler_prefix_without_the_stop_falls_back(head, head_logit, tail_logit, top_p):
+    # One token at logit 0, `head` at head_logit and the rest of 129,280 at tail_logit, just below
+    # the floor fl(max - d) of the prefix collected after the max pass (d = 9.69 at T 1, top_p .9;
+    # 10.74 at .95), while the top-p stop lies in the tail: the short prefix (11 tokens: sorted) and
+    # the long one (1,101: bucketed) must both be refused, and the sampler must still keep the tail
+    # tokens the plain loop keeps.
+    n = 129_280
+    logits = np.full(n, tail_logit, dtype=np.float32)
+    pick = np.random.default_rng(head).choice(n, head + 1, replace=False)
+    logits[pick[:-1]] = head_logit
+    logits[pick[-1]] = 0.0
+    before = _core()._bucket_top_p_prefix_selections()
+    got, want = probabilities(logits, 1.0, 0, top_p, 0.0), plain_probabilities(logits, 1.0, 0, top_p, 0.0)
+    assert _core()._bucket_top_p_prefix_selections() == before   # refused
+    assert np.count_nonzero(want) > head + 1   # the stop is in the tail
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    for draw in range(3):
+        a, b = Rng(draw), Rng(draw)
+        assert sample(logits, 1.0, 0, top_p, 0.0, a) == plain_sample(logits, 1.0, 0, top_p, 0.0, b)
+        assert a.state == b.state
