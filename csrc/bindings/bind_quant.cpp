@@ -16,6 +16,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <algorithm>
+#include <mutex>
+#include <utility>
 
 #include <string>
 #include <vector>
@@ -301,6 +304,30 @@ void init_quant(py::module_& m) {
         ds4::ThreadPool::set_global_threads(n);
     }, py::arg("n"), "resize the global pool (0 = default: DS4_THREADS or physical cores)");
     m.def("default_threads", [] { return ds4::default_thread_count(); });
+    // The pool's range cut (common/range_split.h), and the ranges a real parallel_for on the global
+    // pool ran: tests check both cover [0, n) once and that the tapered cut ends short.
+    m.def("_split_bounds", [](int64_t n, int threads, int64_t min_chunk, int ranges_per_thread, bool tapered) {
+        std::vector<int64_t> b;
+        ds4::split_bounds(n, threads, min_chunk, ranges_per_thread, tapered ? ds4::Split::Tapered : ds4::Split::Even,
+                          b);
+        return b;
+    }, py::arg("n"), py::arg("threads"), py::arg("min_chunk"), py::arg("ranges_per_thread"), py::arg("tapered"));
+    m.def("_pool_ranges", [](int64_t n, int64_t min_chunk, int ranges_per_thread, bool tapered) {
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> ran;
+        {
+            py::gil_scoped_release nogil;
+            ds4::ThreadPool::global().parallel_for(
+                n,
+                [&](int64_t b, int64_t e) {
+                    std::lock_guard<std::mutex> lk(mu);
+                    ran.emplace_back(b, e);
+                },
+                min_chunk, ranges_per_thread, tapered ? ds4::Split::Tapered : ds4::Split::Even);
+        }
+        std::sort(ran.begin(), ran.end());
+        return ran;
+    }, py::arg("n"), py::arg("min_chunk"), py::arg("ranges_per_thread"), py::arg("tapered"));
     m.def("int8_dot_peak", [](int64_t iters) {
         ds4::quant::DotPeak p;
         {

@@ -109,6 +109,7 @@ struct ThreadPool::Impl {
         const std::function<void(int64_t, int64_t)>* fn;
         int64_t n;
         int64_t n_tasks;
+        const int64_t* bounds = nullptr;  // n_tasks + 1 range boundaries, or null for the even split
         std::atomic<int64_t> next{0};
         int64_t finished = 0;  // guarded by mu
         int refs = 0;          // guarded by mu
@@ -145,7 +146,8 @@ struct ThreadPool::Impl {
                 t_first = timeline::now_ns();
                 cpu_first = timeline::thread_cpu_ns();
             }
-            const int64_t b = j.n * i / j.n_tasks, e = j.n * (i + 1) / j.n_tasks;
+            const int64_t b = j.bounds ? j.bounds[i] : j.n * i / j.n_tasks;
+            const int64_t e = j.bounds ? j.bounds[i + 1] : j.n * (i + 1) / j.n_tasks;
             if (!err) {
                 try {
                     (*j.fn)(b, e);
@@ -227,21 +229,24 @@ ThreadPool::~ThreadPool() {
 int ThreadPool::size() const noexcept { return impl_->size.load(); }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk,
-                              int ranges_per_thread) {
+                              int ranges_per_thread, Split split) {
     if (n <= 0) return;
-    if (min_chunk < 1) min_chunk = 1;
-    if (ranges_per_thread < 1) ranges_per_thread = 1;
     // Up to ranges_per_thread ranges per thread, taken from a shared counter: a thread slowed down
     // by other load on the machine does not hold the others back. (Which thread computes a row
     // never changes its value.) A resize racing with the size read only changes how many ranges
     // there are.
     const int threads = impl_->size.load();
-    const int64_t n_tasks =
-        threads <= 1 ? 1
-                     : std::min<int64_t>((int64_t)ranges_per_thread * threads, std::max<int64_t>(1, n / min_chunk));
+    int64_t n_tasks = even_task_count(n, threads, min_chunk, ranges_per_thread);
     if (n_tasks == 1 || t_pool_depth > 0) {
         fn(0, n);
         return;
+    }
+    // The caller's own boundary list: it outlives the job (the caller returns last), and a nested
+    // call from inside fn runs inline above without touching it.
+    thread_local std::vector<int64_t> bounds;
+    if (split == Split::Tapered) {
+        split_bounds(n, threads, min_chunk, ranges_per_thread, split, bounds);
+        n_tasks = (int64_t)bounds.size() - 1;
     }
     Impl& s = *impl_;
     std::lock_guard<std::mutex> call(s.call_mu);
@@ -249,6 +254,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     j.fn = &fn;
     j.n = n;
     j.n_tasks = n_tasks;
+    if (split == Split::Tapered) j.bounds = bounds.data();
     j.timed = timeline::has_open();
     const int64_t t_pub = j.timed ? timeline::now_ns() : 0;
     {

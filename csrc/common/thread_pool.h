@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "common/range_split.h"
+
 namespace ds4 {
 
 class ThreadPool {
@@ -20,9 +22,9 @@ public:
     // min_chunk long (except the last), at most ranges_per_thread per thread (more, shorter
     // ranges shorten the wait for the last one; fewer keep per-range setup low). Runs inline when
     // n is small or size() == 1. Exceptions thrown by fn are rethrown (the first one) on the
-    // calling thread.
+    // calling thread. Split::Tapered ends the job with shorter ranges (common/range_split.h).
     void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk = 1,
-                      int ranges_per_thread = 4);
+                      int ranges_per_thread = 4, Split split = Split::Even);
 
     // The process-wide pool used when callers pass no pool explicitly.
     static ThreadPool& global();

@@ -144,7 +144,7 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     pool_or_global(pool).parallel_for(
         rows,
         [&](int64_t r0, int64_t r1) { dot_rows(fn, rows_fn, wb, wb + r1 * rb, rb, r0, r1, xa, n, y + r0); },
-        min_rows_per_task(rb), ranges_per_thread(rows * rb, pool_or_global(pool)));
+        min_rows_per_task(rb), ranges_per_thread(rows * rb, pool_or_global(pool)), Split::Tapered);
 }
 
 // One dispatch for several matvecs over one activation (kernels.h): each part's rows are cut into
@@ -254,7 +254,7 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
                 u0 = e;
             }
         },
-        1);
+        1, 4, Split::Tapered);
 }
 
 void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, int64_t nb, float* y,
