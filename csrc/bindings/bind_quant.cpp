@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/decode_switches.h"
 #include "common/errors.h"
 #include "common/thread_pool.h"
 #include "quant/gemm.h"
@@ -312,6 +313,15 @@ void init_quant(py::module_& m) {
                           b);
         return b;
     }, py::arg("n"), py::arg("threads"), py::arg("min_chunk"), py::arg("ranges_per_thread"), py::arg("tapered"));
+    m.def("_decode_switches", [](py::object tapered, py::object warm_hc, py::object prewake) {
+        ds4::DecodeSwitches& s = ds4::decode_switches();
+        if (!tapered.is_none()) s.tapered = tapered.cast<bool>();
+        if (!warm_hc.is_none()) s.warm_hc = warm_hc.cast<bool>();
+        if (!prewake.is_none()) s.prewake = prewake.cast<bool>();
+        return py::dict(py::arg("tapered") = s.tapered.load(), py::arg("warm_hc") = s.warm_hc.load(),
+                        py::arg("prewake") = s.prewake.load());
+    }, py::arg("tapered") = py::none(), py::arg("warm_hc") = py::none(), py::arg("prewake") = py::none(),
+       "the decode-glue switches (common/decode_switches.h): set the given ones, return all");
     m.def("_pool_ranges", [](int64_t n, int64_t min_chunk, int ranges_per_thread, bool tapered) {
         std::mutex mu;
         std::vector<std::pair<int64_t, int64_t>> ran;

@@ -115,6 +115,7 @@ struct ThreadPool::Impl {
         int refs = 0;          // guarded by mu
         std::atomic<bool> complete{false};  // set under mu once finished == n_tasks and refs == 0
         std::exception_ptr error;
+        bool side = false;  // a SideJob: the caller takes no share, and unstarted ranges may be dropped
         // Hand-off figures for the op timeline (common/op_timeline.h), only when `timed`.
         bool timed = false;
         int64_t first_helper_range = 0;  // guarded by mu: steady ns when a helper began its first range
@@ -126,6 +127,7 @@ struct ThreadPool::Impl {
     std::vector<std::thread> workers;
 
     std::mutex call_mu;  // serialises parallel_for calls (and resizes) from different client threads
+    Job side;            // the running SideJob's job (guarded by call_mu, held by the SideJob)
 
     std::mutex mu;
     std::condition_variable wake;
@@ -169,7 +171,7 @@ struct ThreadPool::Impl {
         if (err && !j.error) j.error = err;
         j.finished += completed;
         --j.refs;
-        if (j.finished == j.n_tasks && j.refs == 0) {
+        if (j.refs == 0 && (j.side || j.finished == j.n_tasks)) {
             j.complete.store(true, std::memory_order_release);
             done.notify_all();
         }
@@ -278,6 +280,70 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
                               j.helper_ns, j.helper_cpu_ns, joined);
     }
     if (j.error) std::rethrow_exception(j.error);
+}
+
+ThreadPool::SideJob::SideJob(ThreadPool& pool, int64_t n, int64_t n_ranges,
+                             const std::function<void(int64_t, int64_t)>& fn)
+    : pool_(pool) {
+    Impl& s = *pool.impl_;
+    if (n <= 0 || s.size.load() <= 1) return;
+    s.call_mu.lock();
+    Impl::Job& j = s.side;
+    j.fn = &fn;
+    j.n = n;
+    j.n_tasks = std::max<int64_t>(1, std::min(n, n_ranges));
+    j.bounds = nullptr;
+    j.next.store(0);
+    j.finished = 0;
+    j.refs = 0;
+    j.complete.store(false);
+    j.error = nullptr;
+    j.side = true;
+    j.timed = false;  // not a hand-off of the op being timed
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        s.job = &j;
+        ++s.generation;
+    }
+    s.wake.notify_all();
+    job_ = &j;
+}
+
+int64_t ThreadPool::SideJob::finish() {
+    if (!job_) return ran_ < 0 ? 0 : ran_;
+    Impl& s = *pool_.impl_;
+    Impl::Job& j = *static_cast<Impl::Job*>(job_);
+    j.next.store(j.n_tasks);  // later fetch_adds hand out nothing; a range already taken runs on
+    bool idle;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        s.job = nullptr;  // no worker joins any more
+        idle = j.refs == 0;
+    }
+    if (!idle) {
+        spin_until([&] { return j.complete.load(std::memory_order_acquire); });
+        std::unique_lock<std::mutex> lk(s.mu);
+        s.done.wait(lk, [&] { return j.refs == 0; });
+    }
+    ran_ = j.finished;
+    job_ = nullptr;
+    s.call_mu.unlock();
+    return ran_;
+}
+
+ThreadPool::SideJob::~SideJob() { finish(); }
+
+void ThreadPool::wake_workers() {
+    Impl& s = *impl_;
+    if (s.size.load() <= 1) return;
+    {
+        // A new generation with no job: a worker takes it as "nothing to do", and spins before
+        // sleeping again (worker_loop). A job running for another client meanwhile is unaffected:
+        // a worker that sees it joins it as it would have anyway.
+        std::lock_guard<std::mutex> lk(s.mu);
+        ++s.generation;
+    }
+    s.wake.notify_all();
 }
 
 ThreadPool& ThreadPool::global() {

@@ -26,6 +26,32 @@ public:
     void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk = 1,
                       int ranges_per_thread = 4, Split split = Split::Even);
 
+    // Work for the workers only, while the calling thread goes on with its own: fn(begin, end)
+    // over the ranges of [0, n) (n_ranges of them, at least 1). finish() (or the destructor) stops
+    // handing out ranges and waits for the ones started, so ranges may be skipped: for optional
+    // work such as warming caches (docs/kernels.md, "Decode glue"). Holds the pool for its
+    // lifetime: the caller must not issue parallel_for on this pool until finish(). With one
+    // thread nothing runs.
+    class SideJob {
+    public:
+        SideJob(ThreadPool& pool, int64_t n, int64_t n_ranges, const std::function<void(int64_t, int64_t)>& fn);
+        ~SideJob();
+        SideJob(const SideJob&) = delete;
+        SideJob& operator=(const SideJob&) = delete;
+        // Returns how many ranges ran (for tests).
+        int64_t finish();
+
+    private:
+        ThreadPool& pool_;
+        void* job_ = nullptr;  // the pool's side-job slot while running
+        int64_t ran_ = -1;
+    };
+
+    // Wakes sleeping workers without giving them work: they spin again for a while (then sleep),
+    // so a parallel_for issued soon after finds them awake. For a caller about to start a burst
+    // of jobs after a pause, e.g. a decode step after the host's time between tokens.
+    void wake_workers();
+
     // The process-wide pool used when callers pass no pool explicitly.
     static ThreadPool& global();
     // Resize the global pool in place (waits for a running parallel_for; references stay valid).
