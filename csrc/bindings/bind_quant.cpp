@@ -17,6 +17,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <mutex>
 #include <utility>
 
@@ -322,6 +325,34 @@ void init_quant(py::module_& m) {
                         py::arg("prewake") = s.prewake.load());
     }, py::arg("tapered") = py::none(), py::arg("warm_hc") = py::none(), py::arg("prewake") = py::none(),
        "the decode-glue switches (common/decode_switches.h): set the given ones, return all");
+    // A SideJob on the global pool whose ranges each take range_us; the caller finishes it after
+    // wait_us. Returns (finish()'s count, ranges seen started, ranges still running when finish()
+    // returned, the ranges run).
+    m.def("_side_job", [](int64_t n, int64_t n_ranges, int64_t range_us, int64_t wait_us) {
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> ran;
+        std::atomic<int> running{0};
+        int64_t count = 0;
+        int still_running = 0;
+        {
+            py::gil_scoped_release nogil;
+            const std::function<void(int64_t, int64_t)> fn = [&](int64_t b, int64_t e) {
+                running.fetch_add(1);
+                std::this_thread::sleep_for(std::chrono::microseconds(range_us));
+                {
+                    std::lock_guard<std::mutex> lk(mu);
+                    ran.emplace_back(b, e);
+                }
+                running.fetch_sub(1);
+            };
+            ds4::ThreadPool::SideJob side(ds4::ThreadPool::global(), n, n_ranges, fn);
+            std::this_thread::sleep_for(std::chrono::microseconds(wait_us));
+            count = side.finish();
+            still_running = running.load();
+        }
+        std::sort(ran.begin(), ran.end());
+        return py::make_tuple(count, (int64_t)ran.size(), still_running, ran);
+    }, py::arg("n"), py::arg("n_ranges"), py::arg("range_us"), py::arg("wait_us"));
     m.def("_pool_ranges", [](int64_t n, int64_t min_chunk, int ranges_per_thread, bool tapered) {
         std::mutex mu;
         std::vector<std::pair<int64_t, int64_t>> ran;
