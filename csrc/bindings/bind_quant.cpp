@@ -16,10 +16,17 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <mutex>
+#include <utility>
 
 #include <string>
 #include <vector>
 
+#include "common/decode_switches.h"
 #include "common/errors.h"
 #include "common/thread_pool.h"
 #include "quant/gemm.h"
@@ -301,6 +308,67 @@ void init_quant(py::module_& m) {
         ds4::ThreadPool::set_global_threads(n);
     }, py::arg("n"), "resize the global pool (0 = default: DS4_THREADS or physical cores)");
     m.def("default_threads", [] { return ds4::default_thread_count(); });
+    // The pool's range cut (common/range_split.h), and the ranges a real parallel_for on the global
+    // pool ran: tests check both cover [0, n) once and that the tapered cut ends short.
+    m.def("_split_bounds", [](int64_t n, int threads, int64_t min_chunk, int ranges_per_thread, bool tapered) {
+        std::vector<int64_t> b;
+        ds4::split_bounds(n, threads, min_chunk, ranges_per_thread, tapered ? ds4::Split::Tapered : ds4::Split::Even,
+                          b);
+        return b;
+    }, py::arg("n"), py::arg("threads"), py::arg("min_chunk"), py::arg("ranges_per_thread"), py::arg("tapered"));
+    m.def("_decode_switches", [](py::object tapered, py::object warm_hc, py::object prewake) {
+        ds4::DecodeSwitches& s = ds4::decode_switches();
+        if (!tapered.is_none()) s.tapered = tapered.cast<bool>();
+        if (!warm_hc.is_none()) s.warm_hc = warm_hc.cast<bool>();
+        if (!prewake.is_none()) s.prewake = prewake.cast<bool>();
+        return py::dict(py::arg("tapered") = s.tapered.load(), py::arg("warm_hc") = s.warm_hc.load(),
+                        py::arg("prewake") = s.prewake.load());
+    }, py::arg("tapered") = py::none(), py::arg("warm_hc") = py::none(), py::arg("prewake") = py::none(),
+       "the decode-glue switches (common/decode_switches.h): set the given ones, return all");
+    // A SideJob on the global pool whose ranges each take range_us; the caller finishes it after
+    // wait_us. Returns (finish()'s count, ranges seen started, ranges still running when finish()
+    // returned, the ranges run).
+    m.def("_side_job", [](int64_t n, int64_t n_ranges, int64_t range_us, int64_t wait_us) {
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> ran;
+        std::atomic<int> running{0};
+        int64_t count = 0;
+        int still_running = 0;
+        {
+            py::gil_scoped_release nogil;
+            const std::function<void(int64_t, int64_t)> fn = [&](int64_t b, int64_t e) {
+                running.fetch_add(1);
+                std::this_thread::sleep_for(std::chrono::microseconds(range_us));
+                {
+                    std::lock_guard<std::mutex> lk(mu);
+                    ran.emplace_back(b, e);
+                }
+                running.fetch_sub(1);
+            };
+            ds4::ThreadPool::SideJob side(ds4::ThreadPool::global(), n, n_ranges, fn);
+            std::this_thread::sleep_for(std::chrono::microseconds(wait_us));
+            count = side.finish();
+            still_running = running.load();
+        }
+        std::sort(ran.begin(), ran.end());
+        return py::make_tuple(count, (int64_t)ran.size(), still_running, ran);
+    }, py::arg("n"), py::arg("n_ranges"), py::arg("range_us"), py::arg("wait_us"));
+    m.def("_pool_ranges", [](int64_t n, int64_t min_chunk, int ranges_per_thread, bool tapered) {
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> ran;
+        {
+            py::gil_scoped_release nogil;
+            ds4::ThreadPool::global().parallel_for(
+                n,
+                [&](int64_t b, int64_t e) {
+                    std::lock_guard<std::mutex> lk(mu);
+                    ran.emplace_back(b, e);
+                },
+                min_chunk, ranges_per_thread, tapered ? ds4::Split::Tapered : ds4::Split::Even);
+        }
+        std::sort(ran.begin(), ran.end());
+        return ran;
+    }, py::arg("n"), py::arg("min_chunk"), py::arg("ranges_per_thread"), py::arg("tapered"));
     m.def("int8_dot_peak", [](int64_t iters) {
         ds4::quant::DotPeak p;
         {

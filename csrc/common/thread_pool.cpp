@@ -109,11 +109,13 @@ struct ThreadPool::Impl {
         const std::function<void(int64_t, int64_t)>* fn;
         int64_t n;
         int64_t n_tasks;
+        const int64_t* bounds = nullptr;  // n_tasks + 1 range boundaries, or null for the even split
         std::atomic<int64_t> next{0};
         int64_t finished = 0;  // guarded by mu
         int refs = 0;          // guarded by mu
         std::atomic<bool> complete{false};  // set under mu once finished == n_tasks and refs == 0
         std::exception_ptr error;
+        bool side = false;  // a SideJob: the caller takes no share, and unstarted ranges may be dropped
         // Hand-off figures for the op timeline (common/op_timeline.h), only when `timed`.
         bool timed = false;
         int64_t first_helper_range = 0;  // guarded by mu: steady ns when a helper began its first range
@@ -125,6 +127,7 @@ struct ThreadPool::Impl {
     std::vector<std::thread> workers;
 
     std::mutex call_mu;  // serialises parallel_for calls (and resizes) from different client threads
+    Job side;            // the running SideJob's job (guarded by call_mu, held by the SideJob)
 
     std::mutex mu;
     std::condition_variable wake;
@@ -145,7 +148,8 @@ struct ThreadPool::Impl {
                 t_first = timeline::now_ns();
                 cpu_first = timeline::thread_cpu_ns();
             }
-            const int64_t b = j.n * i / j.n_tasks, e = j.n * (i + 1) / j.n_tasks;
+            const int64_t b = j.bounds ? j.bounds[i] : j.n * i / j.n_tasks;
+            const int64_t e = j.bounds ? j.bounds[i + 1] : j.n * (i + 1) / j.n_tasks;
             if (!err) {
                 try {
                     (*j.fn)(b, e);
@@ -167,7 +171,7 @@ struct ThreadPool::Impl {
         if (err && !j.error) j.error = err;
         j.finished += completed;
         --j.refs;
-        if (j.finished == j.n_tasks && j.refs == 0) {
+        if (j.refs == 0 && (j.side || j.finished == j.n_tasks)) {
             j.complete.store(true, std::memory_order_release);
             done.notify_all();
         }
@@ -227,21 +231,24 @@ ThreadPool::~ThreadPool() {
 int ThreadPool::size() const noexcept { return impl_->size.load(); }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk,
-                              int ranges_per_thread) {
+                              int ranges_per_thread, Split split) {
     if (n <= 0) return;
-    if (min_chunk < 1) min_chunk = 1;
-    if (ranges_per_thread < 1) ranges_per_thread = 1;
     // Up to ranges_per_thread ranges per thread, taken from a shared counter: a thread slowed down
     // by other load on the machine does not hold the others back. (Which thread computes a row
     // never changes its value.) A resize racing with the size read only changes how many ranges
     // there are.
     const int threads = impl_->size.load();
-    const int64_t n_tasks =
-        threads <= 1 ? 1
-                     : std::min<int64_t>((int64_t)ranges_per_thread * threads, std::max<int64_t>(1, n / min_chunk));
+    int64_t n_tasks = even_task_count(n, threads, min_chunk, ranges_per_thread);
     if (n_tasks == 1 || t_pool_depth > 0) {
         fn(0, n);
         return;
+    }
+    // The caller's own boundary list: it outlives the job (the caller returns last), and a nested
+    // call from inside fn runs inline above without touching it.
+    thread_local std::vector<int64_t> bounds;
+    if (split == Split::Tapered) {
+        split_bounds(n, threads, min_chunk, ranges_per_thread, split, bounds);
+        n_tasks = (int64_t)bounds.size() - 1;
     }
     Impl& s = *impl_;
     std::lock_guard<std::mutex> call(s.call_mu);
@@ -249,6 +256,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     j.fn = &fn;
     j.n = n;
     j.n_tasks = n_tasks;
+    if (split == Split::Tapered) j.bounds = bounds.data();
     j.timed = timeline::has_open();
     const int64_t t_pub = j.timed ? timeline::now_ns() : 0;
     {
@@ -272,6 +280,70 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
                               j.helper_ns, j.helper_cpu_ns, joined);
     }
     if (j.error) std::rethrow_exception(j.error);
+}
+
+ThreadPool::SideJob::SideJob(ThreadPool& pool, int64_t n, int64_t n_ranges,
+                             const std::function<void(int64_t, int64_t)>& fn)
+    : pool_(pool) {
+    Impl& s = *pool.impl_;
+    if (n <= 0 || s.size.load() <= 1) return;
+    s.call_mu.lock();
+    Impl::Job& j = s.side;
+    j.fn = &fn;
+    j.n = n;
+    j.n_tasks = std::max<int64_t>(1, std::min(n, n_ranges));
+    j.bounds = nullptr;
+    j.next.store(0);
+    j.finished = 0;
+    j.refs = 0;
+    j.complete.store(false);
+    j.error = nullptr;
+    j.side = true;
+    j.timed = false;  // not a hand-off of the op being timed
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        s.job = &j;
+        ++s.generation;
+    }
+    s.wake.notify_all();
+    job_ = &j;
+}
+
+int64_t ThreadPool::SideJob::finish() {
+    if (!job_) return ran_ < 0 ? 0 : ran_;
+    Impl& s = *pool_.impl_;
+    Impl::Job& j = *static_cast<Impl::Job*>(job_);
+    j.next.store(j.n_tasks);  // later fetch_adds hand out nothing; a range already taken runs on
+    bool idle;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        s.job = nullptr;  // no worker joins any more
+        idle = j.refs == 0;
+    }
+    if (!idle) {
+        spin_until([&] { return j.complete.load(std::memory_order_acquire); });
+        std::unique_lock<std::mutex> lk(s.mu);
+        s.done.wait(lk, [&] { return j.refs == 0; });
+    }
+    ran_ = j.finished;
+    job_ = nullptr;
+    s.call_mu.unlock();
+    return ran_;
+}
+
+ThreadPool::SideJob::~SideJob() { finish(); }
+
+void ThreadPool::wake_workers() {
+    Impl& s = *impl_;
+    if (s.size.load() <= 1) return;
+    {
+        // A new generation with no job: a worker takes it as "nothing to do", and spins before
+        // sleeping again (worker_loop). A job running for another client meanwhile is unaffected:
+        // a worker that sees it joins it as it would have anyway.
+        std::lock_guard<std::mutex> lk(s.mu);
+        ++s.generation;
+    }
+    s.wake.notify_all();
 }
 
 ThreadPool& ThreadPool::global() {

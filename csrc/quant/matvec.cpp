@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/decode_switches.h"
 #include "common/errors.h"
 #include "common/thread_pool.h"
 #include "quant/dot_kernels.h"
@@ -46,6 +47,12 @@ void check_ptrs(const char* fn, const void* w, const void* xq, const void* y) {
 }
 
 ThreadPool& pool_or_global(ThreadPool* pool) { return pool ? *pool : ThreadPool::global(); }
+
+// Weight-streaming products end with short ranges (common/range_split.h), unless switched off for
+// an A/B comparison (common/decode_switches.h).
+Split streaming_split() {
+    return decode_switches().tapered.load(std::memory_order_relaxed) ? Split::Tapered : Split::Even;
+}
 
 // Software prefetch of the bytes a fixed distance ahead of the row about to be read. The
 // hardware prefetchers stop at page boundaries and the K/IQ kernels are slow enough per byte that
@@ -144,7 +151,7 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     pool_or_global(pool).parallel_for(
         rows,
         [&](int64_t r0, int64_t r1) { dot_rows(fn, rows_fn, wb, wb + r1 * rb, rb, r0, r1, xa, n, y + r0); },
-        min_rows_per_task(rb), ranges_per_thread(rows * rb, pool_or_global(pool)));
+        min_rows_per_task(rb), ranges_per_thread(rows * rb, pool_or_global(pool)), streaming_split());
 }
 
 // One dispatch for several matvecs over one activation (kernels.h): each part's rows are cut into
@@ -254,7 +261,7 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
                 u0 = e;
             }
         },
-        1);
+        1, 4, streaming_split());
 }
 
 void matmul(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, int64_t nb, float* y,

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/decode_switches.h"
 #include "common/errors.h"
 #include "common/thread_pool.h"
 #include "layers/attention.h"
@@ -52,9 +53,29 @@ void grow(V& v, int64_t n) {
 
 float* f32(const Tensor& t) { return t.host<float>(); }
 
+// Weights a side job reads ahead (hc_pre): one range per chunk, so stopping it waits for at
+// most one chunk's loads.
+constexpr int64_t kWarmChunk = 16 * 1024;
+
+// Loads one byte per cache line of [p, p + bytes): the lines end up in this core's caches.
+// Demand loads rather than prefetch hints, which the core may drop.
+inline void touch_lines(const uint8_t* p, int64_t bytes) {
+    uint32_t acc = 0;
+    for (int64_t i = 0; i < bytes; i += 64) acc += p[i];
+    asm volatile("" : : "r"(acc));
+}
+
 class CpuStream final : public Stream {
 public:
     explicit CpuStream(ThreadPool* pool) : pool_(pool) {}
+
+    // A command batch (a decode step, a prefill chunk) starts after host time in which the
+    // workers may have gone to sleep; waking them now overlaps their wake-up with the first
+    // serial ops (embedding, hc_pre's norm) instead of the first hand-off waiting for it
+    // (docs/kernels.md, "Decode glue").
+    void begin() override {
+        if (decode_switches().prewake.load(std::memory_order_relaxed)) pool_->wake_workers();
+    }
 
     void reserve(const StreamLimits& l) override { grow(scores_, l.n_head * l.max_attn_rows); }
 
@@ -158,9 +179,26 @@ public:
             grow(flat_, nb * hd);
             flat = flat_.data();
         }
-        each_row(nb, [&](int64_t b0, int64_t b1) {
-            rms_norm_rows(flat + b0 * hd, H + b0 * hd, nullptr, b1 - b0, hd, a.rms_eps);
-        });
+        if (nb == 1) {
+            // Decode: the norm's sum of squares is one sequential chain of double adds
+            // (upstream's order, so it cannot be split), and the product needs its result. Meanwhile
+            // the other thread reads the mix weights into cache, so the product that follows
+            // reads them from there instead of DRAM (docs/kernels.md, "Decode glue").
+            const uint8_t* wb = a.fn->data;
+            const int64_t wbytes = a.fn->nbytes;
+            const std::function<void(int64_t, int64_t)> warm = [wb, wbytes](int64_t c0, int64_t c1) {
+                touch_lines(wb + c0 * kWarmChunk, std::min(c1 * kWarmChunk, wbytes) - c0 * kWarmChunk);
+            };
+            const int64_t chunks = (wbytes + kWarmChunk - 1) / kWarmChunk;
+            const bool on = decode_switches().warm_hc.load(std::memory_order_relaxed);
+            ThreadPool::SideJob side(*pool_, on ? chunks : 0, chunks, warm);
+            rms_norm_rows(flat, H, nullptr, 1, hd, a.rms_eps);
+            side.finish();
+        } else {
+            each_row(nb, [&](int64_t b0, int64_t b1) {
+                rms_norm_rows(flat + b0 * hd, H + b0 * hd, nullptr, b1 - b0, hd, a.rms_eps);
+            });
+        }
         if (direct) {
             matmul(a.fn->type, a.fn->data, a.fn->ne[1], hd, flat, nb, mix_.data(), pool_);
         } else {

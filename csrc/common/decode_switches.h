@@ -1,0 +1,17 @@
+// Switches for the decode-glue changes (docs/kernels.md, "Decode glue"), all on by default. They
+// change only timing, never a result: tests flip them to prove that, and benches flip them to
+// compare both sides in one process (A/B under a loaded machine's noise).
+#pragma once
+#include <atomic>
+
+namespace ds4 {
+
+struct DecodeSwitches {
+    std::atomic<bool> tapered{true};  // weight-streaming products use Split::Tapered (quant/matvec.cpp)
+    std::atomic<bool> warm_hc{true};  // hc_pre's side job warms the mix weights (backend/cpu)
+    std::atomic<bool> prewake{true};  // a CPU command batch wakes the pool's workers first
+};
+
+DecodeSwitches& decode_switches();
+
+}  // namespace ds4

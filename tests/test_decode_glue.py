@@ -1,0 +1,84 @@
+"""The decode-glue changes (docs/kernels.md, "Decode glue"): ThreadPool::SideJob (work for the
+workers only, e.g. hc_pre warming its weights), wake_workers at a command batch's start, and the
+tapered range cut of the weight-streaming products. None may change a bit: a decode with every
+switch off (common/decode_switches.h) must give the same logits and payload as with them on."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+import ds4
+import ds4._core as core
+import ds4.testing
+
+ALL_OFF = dict(tapered=False, warm_hc=False, prewake=False)
+ALL_ON = dict(tapered=True, warm_hc=True, prewake=True)
+
+
+@pytest.fixture
+def restore_threads():
+    before = core.threads()
+    yield
+    core.set_threads(before)
+
+
+@pytest.fixture
+def restore_switches():
+    before = core._decode_switches()
+    yield
+    core._decode_switches(**before)
+
+
+def test_switches_default_on():
+    assert core._decode_switches() == ALL_ON
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_side_job_runs_every_range_once_when_given_time(threads, restore_threads):
+    core.set_threads(threads)
+    count, seen, running, ran = core._side_job(100, 10, 100, 300_000)
+    assert running == 0
+    assert count == seen == 10
+    assert ran == [(100 * i // 10, 100 * (i + 1) // 10) for i in range(10)]
+    assert core._pool_ranges(1000, 1, 4, False)[-1][1] == 1000, "the pool still works afterwards"
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_side_job_finish_waits_for_started_ranges_and_drops_the_rest(threads, restore_threads):
+    core.set_threads(threads)
+    # Ranges of 20 ms, finished after 5 ms: the ones started must end before finish() returns,
+    # the rest are never started (they would take 20 ms x 50).
+    count, seen, running, ran = core._side_job(50, 50, 20_000, 5_000)
+    assert running == 0, "finish() returned while a range was still running"
+    assert count == seen
+    assert count < 50
+    assert len(set(ran)) == len(ran)
+    assert core._pool_ranges(1000, 1, 4, True)[-1][1] == 1000
+
+
+def test_side_job_on_one_thread_runs_nothing(restore_threads):
+    core.set_threads(1)
+    assert core._side_job(10, 10, 10, 1_000)[:3] == (0, 0, 0)
+
+
+def _decode_digest(model: str, threads: int) -> tuple[str, str]:
+    eng = ds4.Engine(ds4.testing.cached_model(model), threads=threads)
+    s = eng.session(ctx=64)
+    rng = np.random.default_rng(1)
+    s.sync(rng.integers(0, eng.shape.n_vocab, 6).tolist())
+    h = hashlib.sha256()
+    for t in rng.integers(0, eng.shape.n_vocab, 8).tolist():
+        s.eval(int(t))
+        h.update(np.ascontiguousarray(s.logits).tobytes())
+    return h.hexdigest(), hashlib.sha256(s.save_payload()).hexdigest()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_decode_bits_do_not_depend_on_the_switches(threads, restore_switches):
+    core._decode_switches(**ALL_OFF)
+    off = _decode_digest("tiny", threads)
+    core._decode_switches(**ALL_ON)
+    assert _decode_digest("tiny", threads) == off
