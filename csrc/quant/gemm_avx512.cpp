@@ -29,6 +29,7 @@ namespace {
 constexpr int kTokTile = 8;  // tokens per register tile, as in the VNNI file
 
 #include "quant/gemm_avx512_panels.inc"
+#include "quant/gemm_avx512_vec.inc"
 
 size_t panel_bytes(GgmlType t, int64_t n) {
     switch (t) {
@@ -82,7 +83,6 @@ void decode_iq2_xxs(const GemmGroup& g) {
     }
 }
 
-inline __m512i bcast32(const uint8_t* p) { return _mm512_set1_epi32((int)load_u32(p)); }
 inline __m512i madd_ones(__m512i pairs) { return _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)); }
 
 // A panel vector of signed codes made ready for every token of the tile: |w| and the lanes w < 0.
@@ -92,13 +92,7 @@ struct SignedCodes {
 };
 
 // The 512-bit vectors of gemm_tiles.inc with AVX-512BW only (no saturation, see top).
-struct Avx512Vec {
-    using vi = __m512i;
-    using vf = __m512;
-    static constexpr int kTile = kTokTile;
-    static constexpr int64_t kVec = 64, kCodes256 = ::ds4::quant::kCodes256, kQ2KBlk = ::ds4::quant::kQ2KBlk,
-                             kQ4KBlk = ::ds4::quant::kQ4KBlk, kQ8_0Blk = ::ds4::quant::kQ8_0Blk,
-                             kIq2Blk = ::ds4::quant::kIq2Blk;
+struct Avx512Vec : Avx512VecBase {
     static constexpr bool kOffsetCodes = false;
     static constexpr bool kPairSteps = true;  // one vpmaddwd + add per two steps where bytes <= 63
     using Codes = SignedCodes;
@@ -127,27 +121,12 @@ struct Avx512Vec {
         }
         return _mm512_mullo_epi32(neg_sum, _mm512_set1_epi32(-256));
     }
-    static vi set1_i(int32_t v) { return _mm512_set1_epi32(v); }
-    static vi zero_i() { return _mm512_setzero_si512(); }
-    static vf zero_f() { return _mm512_setzero_ps(); }
-    static vi load_i(const uint8_t* p) { return _mm512_load_si512(reinterpret_cast<const void*>(p)); }
-    static vf load_f(const uint8_t* p) { return _mm512_load_ps(p); }
     // Panel bytes <= 63 (Q2_K, Q4_K): the two steps' int16 pair sums added before the widening.
     static vi dot4x2(vi acc, vi w0, vi w1, const uint8_t* x) {
         const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(w0, bcast32(x)), _mm512_maddubs_epi16(w1, bcast32(x + 4)));
         return _mm512_add_epi32(acc, madd_ones(p));
     }
     static vi dot2(vi acc, vi m, const uint8_t* x) { return _mm512_add_epi32(acc, _mm512_madd_epi16(m, bcast32(x))); }
-    static vi mul32(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
-    static vi add32(vi a, vi b) { return _mm512_add_epi32(a, b); }
-    static vf set1(float v) { return _mm512_set1_ps(v); }
-    static vf mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-    static vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-    static vf add(vf a, vf b) { return _mm512_add_ps(a, b); }
-    static vf cvt(vi v) { return _mm512_cvtepi32_ps(v); }
-    static void store(const GemmGroup& g, int64_t t, vf acc) {
-        _mm512_mask_storeu_ps(g.y[t] + g.row0, (__mmask16)((1u << g.nrows) - 1), acc);
-    }
 };
 
 #include "quant/gemm_tiles.inc"

@@ -35,6 +35,7 @@ constexpr int kTokTile = 8;  // tokens per register tile (8 x 3 accumulators + o
 
 // Panels of Q8_0, Q2_K, Q4_K: layout constants and decoders shared with the plain AVX-512 file.
 #include "quant/gemm_avx512_panels.inc"
+#include "quant/gemm_avx512_vec.inc"
 
 size_t panel_bytes(GgmlType t, int64_t n) {
     switch (t) {
@@ -122,40 +123,18 @@ void decode_iq2_xxs(const GemmGroup& g) {
 // ---- micro-kernels: 16 rows x NT tokens ---------------------------------------------------------
 
 inline __m512i vld(const uint8_t* p) { return _mm512_load_si512(reinterpret_cast<const void*>(p)); }
-inline __m512i bcast32(const uint8_t* p) { return _mm512_set1_epi32((int)load_u32(p)); }
 
 // The 512-bit vectors of gemm_tiles.inc: vpdpbusd / vpdpwssd with the activation dword broadcast
 // (the Q8_0 and IQ2_XXS tiles too).
-struct VnniVec {
-    using vi = __m512i;
-    using vf = __m512;
-    static constexpr int kTile = kTokTile;
-    static constexpr int64_t kVec = 64, kCodes256 = ::ds4::quant::kCodes256, kQ2KBlk = ::ds4::quant::kQ2KBlk,
-                             kQ4KBlk = ::ds4::quant::kQ4KBlk, kQ8_0Blk = ::ds4::quant::kQ8_0Blk,
-                             kIq2Blk = ::ds4::quant::kIq2Blk;
+struct VnniVec : Avx512VecBase {
     // Q8_0 / IQ2_XXS panels hold code + 128; the accumulators start at the driver's -128 * sum.
     static constexpr bool kOffsetCodes = true;
     static constexpr bool kPairSteps = false;  // vpdpbusd needs no pairing
     using Codes = vi;
     static Codes codes(const uint8_t* p) { return vld(p); }
     static vi dot_codes(vi acc, Codes w, const uint8_t* x) { return _mm512_dpbusd_epi32(acc, w, bcast32(x)); }
-    static vi set1_i(int32_t v) { return _mm512_set1_epi32(v); }
-    static vi zero_i() { return _mm512_setzero_si512(); }
-    static vf zero_f() { return _mm512_setzero_ps(); }
-    static vi load_i(const uint8_t* p) { return vld(p); }
-    static vf load_f(const uint8_t* p) { return _mm512_load_ps(p); }
     static vi dot4(vi acc, vi w, const uint8_t* x) { return _mm512_dpbusd_epi32(acc, w, bcast32(x)); }
     static vi dot2(vi acc, vi m, const uint8_t* x) { return _mm512_dpwssd_epi32(acc, m, bcast32(x)); }
-    static vi mul32(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
-    static vi add32(vi a, vi b) { return _mm512_add_epi32(a, b); }
-    static vf set1(float v) { return _mm512_set1_ps(v); }
-    static vf mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-    static vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-    static vf add(vf a, vf b) { return _mm512_add_ps(a, b); }
-    static vf cvt(vi v) { return _mm512_cvtepi32_ps(v); }
-    static void store(const GemmGroup& g, int64_t t, vf acc) {
-        _mm512_mask_storeu_ps(g.y[t] + g.row0, (__mmask16)((1u << g.nrows) - 1), acc);
-    }
 };
 
 #include "quant/gemm_tiles.inc"
