@@ -930,20 +930,28 @@ def _plain_top_p(a, w, total, top_p, rs):
     return kept, run[hit[0]], picks
 
 
-def _check_buckets(a, w, total, top_p, rs, buckets, wa=None, rel=0.0):
+def _check_buckets(a, w, total, top_p, rs, buckets, wa=None, rel=0.0, floor=None):
+    """The bucket partition against the sorted loops: over every token, or with ``floor`` over the
+    prefix {finite a >= floor} (tests/test_sampling_prefix.py). Returns the kept count, None when
+    the partition refused (no stop in reach: the sorted path decides)."""
     a, w = np.asarray(a, dtype=np.float32), np.asarray(w, dtype=np.float32)
     wa = w if wa is None else np.asarray(wa, dtype=np.float32)
-    got = _core()._bucket_top_p(a, w, wa, rel, F(total), F(top_p), buckets, np.asarray(rs, dtype=np.float32))
+    prefix = {} if floor is None else {"floor": F(floor)}
+    got = _core()._bucket_top_p(a, w, wa, rel, F(total), F(top_p), buckets, np.asarray(rs, dtype=np.float32),
+                                **prefix)
+    if floor is not None:
+        with np.errstate(invalid="ignore"):
+            a = np.where(~(a >= F(floor)), np.float32(-np.inf), a)   # outside the prefix (NaN too)
     want = _plain_top_p(a, w, total, top_p, rs)
     if want is None:
-        assert got is None   # no stop: the sorted path decides
+        assert got is None
         return None
     assert got is not None
-    count, s, kept, picks, n_sorted = got
+    count, s, kept, picks, _ = got
     assert count == want[0].size and _f32_bits_equal(s, want[1])
     assert np.array_equal(np.sort(kept), np.sort(want[0]))
     assert picks == want[2]
-    return n_sorted
+    return count
 
 
 @pytest.mark.parametrize("rel", [0.0, 2.0**-20])

@@ -15,28 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ds4.sampling import Rng, probabilities, sample
-from test_sampling import (F, _bucket_case, _core, _f32_bits_equal, _plain_sum, _plain_top_p, _vocab_logits,
-                           plain_probabilities, plain_sample)
-
-
-def _check_prefix(a, w, total, top_p, rs, buckets, floor, wa=None, rel=0.0):
-    """The partition of the prefix {finite a >= floor} against the sorted loops over that prefix."""
-    a, w = np.asarray(a, dtype=np.float32), np.asarray(w, dtype=np.float32)
-    wa = w if wa is None else np.asarray(wa, dtype=np.float32)
-    got = _core()._bucket_top_p(a, w, wa, rel, F(total), F(top_p), buckets, np.asarray(rs, dtype=np.float32),
-                                floor=F(floor))
-    with np.errstate(invalid="ignore"):
-        outside = ~(a >= F(floor))   # (NaN too)
-    want = _plain_top_p(np.where(outside, np.float32(-np.inf), a), w, total, top_p, rs)
-    if want is None:
-        assert got is None   # the stop lies beyond the prefix (or nowhere): refused
-        return None
-    assert got is not None
-    count, s, kept, picks, _ = got
-    assert count == want[0].size and _f32_bits_equal(s, want[1])
-    assert np.array_equal(np.sort(kept), np.sort(want[0]))
-    assert picks == want[2]
-    return count
+from test_sampling import (F, _bucket_case, _check_buckets, _core, _plain_sum, _vocab_logits, plain_probabilities,
+                           plain_sample)
 
 
 @given(st.sampled_from(["flat", "ties", "halves", "crossing", "denormal", "nonfinite", "zeros"]),
@@ -58,7 +38,7 @@ def test_prefix_buckets_equal_the_sorted_loops_over_the_prefix(kind, seed, n, bu
     if approx:
         wa = (w.astype(np.float64) * (1 + rel * g.choice([-1.0, 1.0, 0.999, g.uniform(-1, 1)], n))).astype(np.float32)
     rs = [F(u) * total for u in g.random(6).astype(np.float32)] + [F(0), total]
-    _check_prefix(a, w, total, top_p, rs, buckets, floor, wa=wa, rel=rel)
+    _check_buckets(a, w, total, top_p, rs, buckets, wa=wa, rel=rel, floor=floor)
 
 
 def test_prefix_without_the_stop_is_refused():
@@ -67,7 +47,7 @@ def test_prefix_without_the_stop_is_refused():
     a = np.arange(10, 0, -1).astype(np.float32)
     w = np.ones(10, dtype=np.float32)
     for floor, kept in ((3.0, None), (2.0, 9), (1.0, 9)):
-        assert _check_prefix(a, w, F(10), 0.9, [F(0.5), F(8.5), F(10)], 4, floor) == kept
+        assert _check_buckets(a, w, F(10), 0.9, [F(0.5), F(8.5), F(10)], 4, floor=floor) == kept
 
 
 @pytest.mark.parametrize("kind", ["flat", "peaked", "ties", "heavy", "nonfinite", "tinyrange"])
