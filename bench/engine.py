@@ -67,12 +67,6 @@ def _in_child(fn: str, path: Path) -> str:
     return subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def _page_cache_line(path: Path) -> str:
-    """How much of the file the page cache holds in 2 MiB folios (probed in a child process, which
-    reads the file through; docs/pagecache.md)."""
-    return _in_child("pagecache.probe", path)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="small", help="ds4.testing preset name or a GGUF path")
@@ -96,11 +90,13 @@ def main() -> int:
     import ds4.testing
 
     path = Path(args.model) if Path(args.model).is_file() else ds4.testing.cached_model(args.model, experts=args.experts)
+    # One read of the file before the sections' own warm-ups; the call reports its page-cache state.
     if args.page_cache == "huge":
-        _in_child("pagecache.recache", path)
+        page_cache = _in_child("pagecache.recache", path)
     elif not args.no_warm:
-        warm_file(path)
-    page_cache = _page_cache_line(path)
+        page_cache = _in_child("pagecache.probe", path)
+    else:
+        page_cache = "not read (--page-cache as-is --no-warm)"
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     eng = ds4.Engine(path, backend=args.backend, threads=args.threads)
     vocab = eng.shape.n_vocab
