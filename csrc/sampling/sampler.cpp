@@ -444,21 +444,24 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     // The prefix collected after the max pass (every finite logit >= prefix_floor), if it holds
     // the stop: bucketed when long, else sorted (filter_sorted checks that the stop is inside).
     bool done = false;
+    // The collected candidates (ids_/vals_) sorted, weighed and filtered: true when a filter stops
+    // inside them (or they are every finite token), so they decide.
+    auto sort_and_filter = [&] {
+        sort_candidates(a);
+        weights_of_sorted(m, t);
+        return filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
+    };
     if (prefix_floor > kNegInf) {
         if (select_prefix_buckets(a, m, prefix_floor, t, total, top_p)) return;
         if ((float)ids_.size() < bucket_top_p_prefix_min()) {
-            sort_candidates(a);
-            weights_of_sorted(m, t);
-            done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
+            done = sort_and_filter();
         }
     }
     if (min_p > 0.0f) {
         // p/total >= fl(1/total)*min_p needs p >= min_p up to a few ulps: a 0.1% margin is a superset.
         const float c = std::min(min_p, 1.0f) * 0.999f;
         collect_logits_at_least(a, n, logit_floor(m, t, c));
-        sort_candidates(a);
-        weights_of_sorted(m, t);
-        done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
+        done = sort_and_filter();
         if (!done) {
             // The next token weighs < c; it fails min-p if even the largest float below c does.
             const float min_prob = (1.0f / total) * min_p;
@@ -481,9 +484,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
             const float floor = logit_floor(m, t, c);
             collect_logits_at_least(a, n, floor);
             if (select_prefix_buckets(a, m, floor, t, total, top_p)) return;
-            sort_candidates(a);
-            weights_of_sorted(m, t);
-            done = filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
+            done = sort_and_filter();
         }
     }
     for (int64_t pool = 256; !done; pool *= 8) {
