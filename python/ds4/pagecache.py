@@ -1,8 +1,9 @@
 """The model file in the page cache, and whether the engine reads it through 2 MiB pages.
 
 A decode step streams most of the weights once. Mapped through 4 KiB page-table entries, every
-4 KiB of weights costs a TLB miss, and on the development machines that held a thread to 7-17 GB/s
-of weights instead of 19-26 GB/s with 2 MiB entries (docs/pagecache.md). The engine's map asks
+4 KiB of weights costs a TLB miss, and on the development machines that held one thread to 7-18
+GB/s of weights instead of 17-22 GB/s with 2 MiB entries (docs/pagecache.md; with two threads
+streaming, decode waits on the memory's bandwidth instead and ran at the same speed). The engine's map asks
 for 2 MiB pages, but the kernel can only map 2 MiB at once where the page cache holds that part of
 the file as one 2 MiB folio, which depends on how the file came into the cache (written, read with
 ``read()``, or faulted in through a map that asked for huge pages). ``probe`` tells; ``recache``
