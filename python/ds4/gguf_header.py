@@ -14,6 +14,7 @@ the file, the section and what was wrong.
 from __future__ import annotations
 
 import enum
+import math
 import mmap
 import os
 import struct
@@ -190,10 +191,7 @@ class TensorHeader:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.dims:
-            n *= d
-        return n
+        return math.prod(self.dims)
 
     @property
     def type_name(self) -> str:
