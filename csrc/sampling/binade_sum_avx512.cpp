@@ -13,6 +13,7 @@
 #include "sampling/binade_sum.h"
 #include "sampling/binade_sum_impl.h"
 #include "sampling/exp_weights.h"
+#include "sampling/sampling_pool.h"
 
 namespace ds4 {
 
@@ -498,13 +499,14 @@ float total_parallel(const Src& x, int64_t n, float* wa, ThreadPool& pool) {
 }
 
 float binade_weight_total_avx512(const float* x, int64_t n, float* wa) {
-    if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
+    ThreadPool* pool = n >= (1 << 15) ? sampling_pool() : nullptr;
+    if (pool) {
         static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
         if (!wa) {
             guides.resize((size_t)n);
             wa = guides.data();
         }
-        return total_parallel(Args{x}, n, wa, ThreadPool::global());
+        return total_parallel(Args{x}, n, wa, *pool);
     }
     return total(Args{x}, n, wa);
 }
@@ -513,18 +515,19 @@ int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, fl
 
 int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) { return walk(Weights{w}, nullptr, n, r); }
 
-// The whole-vocabulary total of a logit source: split over the global pool when the sampler may
-// use more than one thread and the vocabulary is large, else the serial pass (same bits either way).
+// The whole-vocabulary total of a logit source: split over the sampling pool (sampling_pool.h) when
+// there is one and the vocabulary is large, else the serial pass (same bits either way).
 namespace {
 template <class Src>
 float logit_total(const Src& src, int64_t n, float* wa) {
-    if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
+    ThreadPool* pool = n >= (1 << 15) ? sampling_pool() : nullptr;
+    if (pool) {
         static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
         if (!wa) {
             guides.resize((size_t)n);
             wa = guides.data();
         }
-        return total_parallel(src, n, wa, ThreadPool::global());
+        return total_parallel(src, n, wa, *pool);
     }
     return total(src, n, wa);
 }

@@ -9,6 +9,7 @@
 #include "sampling/binade_sum.h"
 #include "sampling/exp_weights.h"
 #include "sampling/rng.h"
+#include "sampling/sampling_pool.h"
 #include "sampling/scan.h"
 
 namespace ds4 {
@@ -728,7 +729,8 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
 void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, float* probs) {
     // One thread: the exact weights go straight into probs (keep_all_finite), then are scaled in
     // place. With the pool the pieces below split the exponentials instead.
-    exact_into_ = sampling_threads() == 1 ? probs : nullptr;
+    ThreadPool* const pool = sampling_pool();
+    exact_into_ = pool ? nullptr : probs;
     struct Reset {
         float*& into;
         ~Reset() { into = nullptr; }   // also if select throws: sample() must never write there
@@ -774,8 +776,8 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
     auto run = [&](int64_t p0, int64_t p1) {
         for (int64_t q = p0; q < p1; ++q) piece(q * kPiece, std::min(c.count, (q + 1) * kPiece));
     };
-    if (sampling_threads() > 1 && pieces > 8) {
-        ThreadPool::global().parallel_for(pieces, run, 4);
+    if (pool && pieces > 8) {
+        pool->parallel_for(pieces, run, 4);
     } else {
         run(0, pieces);
     }
