@@ -556,8 +556,29 @@ int64_t binade_logit_walk_rcp_avx512(const float* a, int64_t n, float m, float t
 // non-finite term fails the model and runs the plain loop.
 int64_t binade_seq_until_avx512(const float* w, int64_t n, float total, float top_p, float& s) {
     const int64_t chunk = kChunkBlocks * kLanes;
+    // A chunk's units are taken at the unit the previous chunk ended in (`pred`), which changes
+    // only when the sum crosses a binade: the next chunk's products and roundings then need not
+    // wait for this chunk's reduction and the new running sum (a predicted branch instead of a
+    // data dependency). Where the unit did change, the chunk runs the steps below at its own unit.
+    // The same units, tests and sums as those steps: the same bits (docs/sampling.md, "Seventh round").
+    float pred_inv_u = 0.0f;
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
+        if (i + chunk <= n && s >= binade::kModelMin && s <= binade::kModelMax) {
+            int32_t d;
+            const bool ok = units_of(Weights{w}, i, nullptr, nullptr, kChunkBlocks, pred_inv_u, d);
+            const binade::Unit b = binade::unit_of(s);
+            if (__builtin_expect(b.inv_u == pred_inv_u, 1) && ok) {
+                const int32_t S = (int32_t)(s * b.inv_u) + d;
+                const float s2 = (float)S * b.u;
+                if (S < (1 << 24) && s2 / total < top_p) {
+                    s = s2;
+                    i += chunk - kLanes;
+                    continue;
+                }
+            }
+            pred_inv_u = b.inv_u;
+        }
         float s2 = s;
         if (i + chunk <= n && add_span(Weights{w}, i, nullptr, kChunkBlocks, s2) && s2 / total < top_p) {
             s = s2;

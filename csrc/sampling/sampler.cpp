@@ -540,12 +540,17 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
         // that stay in cache between the exponential and the sum; the sum runs on from piece to
         // piece (binade_seq_until with a stop that never comes: fl(s / 1) >= inf needs an
         // infinite s, and weights are at most 1).
+        // With every logit finite the arguments need no finiteness test.
         constexpr int64_t kPiece = 2048;
         alignas(64) float xb[kPiece];
         total = 0.0f;
         for (int64_t i = 0; i < n; i += kPiece) {
             const int64_t len = std::min(kPiece, n - i);
-            shifted_args(a + i, len, m, t, xb);
+            if (all_finite) {
+                shifted_args_finite(a + i, len, m, t, xb);
+            } else {
+                shifted_args(a + i, len, m, t, xb);
+            }
             exp_weights(xb, exact_into_ + i, len);
             binade_seq_until(exact_into_ + i, len, 1.0f, std::numeric_limits<float>::infinity(), total);
         }
@@ -768,7 +773,11 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
     auto piece = [&](int64_t i0, int64_t i1) {
         alignas(64) float xb[kPiece], wb[kPiece];
         const bool from_logits = c.x == nullptr;   // else the arguments are there
-        if (from_logits) shifted_args(c.logits + i0, i1 - i0, c.m, c.t, xb);
+        if (from_logits && c.all_finite) {
+            shifted_args_finite(c.logits + i0, i1 - i0, c.m, c.t, xb);
+        } else if (from_logits) {
+            shifted_args(c.logits + i0, i1 - i0, c.m, c.t, xb);
+        }
         exp_weights(from_logits ? xb : c.x + i0, wb, i1 - i0);
         scale(wb, i0, i1);
     };
