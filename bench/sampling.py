@@ -102,14 +102,14 @@ def per_call_us(fn, reps: int) -> list[float]:
 
 
 # The settings whose passes split over the pool (the whole-vocabulary total, probabilities()' pieces)
-# and two controls that do not split (top-k, top-p with min-p); True: time probabilities().
+# and a control that does not split (top-k); True: time probabilities().
 THREAD_AB_CASES = [
     ("min_p 0", dict(min_p=0.0), False),
     ("top_p .9, min_p 0", dict(top_p=0.9, min_p=0.0), False),
     ("T 100, min_p 0", dict(temperature=100.0, min_p=0.0), False),
     ("probabilities(), min_p 0", dict(min_p=0.0), True),
     ("probabilities(), top_p .9, min_p 0", dict(top_p=0.9, min_p=0.0), True),
-    ("top_p .9 (control)", dict(top_p=0.9), False),
+    ("top_p .9 (min_p .05)", dict(top_p=0.9), False),
     ("top_k 40 (control)", dict(top_k=40), False),
 ]
 
