@@ -498,6 +498,58 @@ float total_parallel(const Src& x, int64_t n, float* wa, ThreadPool& pool) {
     return s;
 }
 
+float binade_seq_sum_guided_avx512(const float* w, int64_t n, const float* chunk_sum, ThreadPool& pool) {
+    // total_parallel's steps (2)-(4) over exact terms whose chunk sums the caller took: the units
+    // of every chunk at its predicted unit on the pool, then the serial pass.
+    static_assert(kBinadeChunk == kChunkBlocks * kLanes, "binade_sum.h's chunk");
+    const int64_t chunk = kBinadeChunk;
+    const int64_t n_chunks = n / chunk;
+    struct ChunkInfo {
+        bool ok;
+        int32_t units;
+        float u;
+    };
+    static thread_local std::vector<ChunkInfo> per_thread;   // the caller's; workers see it through `info`
+    std::vector<ChunkInfo>& info = per_thread;
+    info.resize((size_t)n_chunks);
+    double prefix = 0.0;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        const float p = (float)prefix;
+        info[(size_t)c].u = (p >= binade::kModelMin && p <= binade::kModelMax) ? binade::unit_of(p).u : 0.0f;
+        prefix += chunk_sum[c];
+    }
+    const Weights src{w};
+    pool.parallel_for(n_chunks, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+            ChunkInfo& ci = info[(size_t)c];
+            ci.ok = false;
+            if (chunk_sum[c] == 0.0f || ci.u == 0.0f) continue;
+            const binade::Unit b = binade::unit_of(ci.u * 0x1p23f);
+            ci.ok = units_of(src, c * chunk, nullptr, nullptr, kChunkBlocks, b.inv_u, ci.units);
+        }
+    }, 64);
+    float s = 0.0f;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        const ChunkInfo& ci = info[(size_t)c];
+        const int64_t i = c * chunk;
+        if (chunk_sum[c] == 0.0f) continue;   // every term 0 (terms >= 0): s + 0 = s
+        if (ci.ok && s >= binade::kModelMin && s <= binade::kModelMax) {
+            const binade::Unit b = binade::unit_of(s);
+            if (b.u == ci.u) {
+                const int32_t S = (int32_t)(s * b.inv_u) + ci.units;
+                if (S < (1 << 24)) {
+                    s = (float)S * b.u;
+                    continue;
+                }
+            }
+        }
+        for (int64_t k = i; k < i + chunk; k += kLanes)   // the serial loop's steps
+            if (!add_span(src, k, nullptr, 1, s)) add_plain(src, k, nullptr, kLanes, s);
+    }
+    for (int64_t i = n_chunks * chunk; i < n; i += chunk) add_plain(src, i, nullptr, std::min<int64_t>(chunk, n - i), s);
+    return s;
+}
+
 float binade_weight_total_avx512(const float* x, int64_t n, float* wa) {
     ThreadPool* pool = n >= (1 << 15) ? sampling_pool() : nullptr;
     if (pool) {
