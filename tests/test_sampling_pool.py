@@ -27,7 +27,8 @@ def engine():
 
 def test_engine_option_and_default(engine):
     assert engine.sampler_threads == 2 and engine._sampler_pool_of is engine._model
-    # the default: the engine's pool only for vocabularies that the passes split (2^15 and more)
+    # the default: the engine's pool only when SAMPLER_POOL_BY_DEFAULT, and only for vocabularies
+    # that the passes split (2^15 and more)
     small = ds4.Engine(ds4.testing.cached_model("tiny"), threads=2)
     assert small.shape.n_vocab < (1 << 15) and small.sampler_threads == 1 and small._sampler_pool_of is False
     one = ds4.Engine(ds4.testing.cached_model("tiny"), threads=2, sampler_threads=1)

@@ -36,6 +36,11 @@ __all__ = ["Engine"]
 _MTP_PREFIX = "mtp.0."
 # The sampler splits a whole-vocabulary pass over threads only from 2^15 logits on (docs/sampling.md).
 SAMPLER_POOL_MIN_VOCAB = 1 << 15
+# Whether Engine(sampler_threads=None) lends the engine's workers to the sampler (for vocabularies
+# of SAMPLER_POOL_MIN_VOCAB and more). Off until a quiet machine shows two threads faster in wall
+# time (`bench/sampling.py --thread-ab`): on the loaded development machine they were slower
+# (docs/sampling.md, "Seventh round").
+SAMPLER_POOL_BY_DEFAULT = False
 
 
 def _tensor_table(info: "ModelInfo", prefix: str | None = None,
@@ -83,9 +88,10 @@ class Engine:
     ``sampler_threads``: whether sampling from this engine's logits (``Session.sample``, the
     generation loop, the server) may split its whole-vocabulary passes over the engine's worker
     threads, which idle while the host samples: 1 keeps it on the calling thread, more lets the
-    engine's pool (all ``threads`` of it) split it. None (default): the pool when the engine has
-    more than one thread and the vocabulary at least 32,768 entries (smaller ones are never split).
-    Picks and probabilities never depend on it (docs/sampling.md, "Two sampler threads").
+    engine's pool (all ``threads`` of it) split it. None (default): 1, or with
+    ``SAMPLER_POOL_BY_DEFAULT`` the pool when the vocabulary has at least 32,768 entries (smaller
+    ones are never split). Picks and probabilities never depend on it (docs/sampling.md, "Seventh
+    round").
     """
 
     def __init__(self, path: str | os.PathLike[str], backend: str = "auto", threads: int | None = None,
@@ -136,7 +142,8 @@ class Engine:
         self._steering: Steering | None = None
         self.steering = steering
         if sampler_threads is None:
-            sampler_threads = self.threads if self.shape.n_vocab >= SAMPLER_POOL_MIN_VOCAB else 1
+            big = self.shape.n_vocab >= SAMPLER_POOL_MIN_VOCAB
+            sampler_threads = self.threads if SAMPLER_POOL_BY_DEFAULT and big else 1
         self.sampler_threads: int = sampler_threads
 
     @property
