@@ -806,18 +806,13 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
         return;
     }
     if (c.w) return scale(c.w, 0, c.count);
-    // The whole vocabulary (or the min-p survivors), weights not evaluated yet: in pieces (on the
-    // pool when allowed), arguments and weights in the caller's stack while in cache.
+    // The min-p survivors, weights not evaluated yet (their arguments in c.x; the whole vocabulary
+    // always comes with its exact weights here, above): in pieces (on the pool when allowed), the
+    // weights in the caller's stack while in cache.
     constexpr int64_t kPiece = 2048;
     auto piece = [&](int64_t i0, int64_t i1) {
-        alignas(64) float xb[kPiece], wb[kPiece];
-        const bool from_logits = c.x == nullptr;   // else the arguments are there
-        if (from_logits && c.all_finite) {
-            shifted_args_finite(c.logits + i0, i1 - i0, c.m, c.t, xb);
-        } else if (from_logits) {
-            shifted_args(c.logits + i0, i1 - i0, c.m, c.t, xb);
-        }
-        exp_weights(from_logits ? xb : c.x + i0, wb, i1 - i0);
+        alignas(64) float wb[kPiece];
+        exp_weights(c.x + i0, wb, i1 - i0);
         scale(wb, i0, i1);
     };
     const int64_t pieces = (c.count + kPiece - 1) / kPiece;
