@@ -21,7 +21,7 @@ the thread counts (which goes first alternates too), each round the 10th percent
 ``reps`` per-call wall times (and the calling thread's CPU time) per count; reported: the median
 over rounds and the median of the per-round ratios (two threads over one). The global pool is
 resized to ``--pool-threads`` (default 2) for it. Wall time is what the second thread can save, and
-it means something only on an otherwise quiet machine (docs/sampling.md, "Two sampler threads")::
+it means something only on an otherwise quiet machine (docs/sampling.md, "Seventh round")::
 
     PYTHONPATH=python nice -n -20 python bench/sampling.py --thread-ab --rounds 12
 """

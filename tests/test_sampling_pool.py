@@ -1,5 +1,5 @@
-"""The sampler on an engine's worker threads (csrc/sampling/sampling_pool.*, docs/sampling.md "Two
-sampler threads"): the same picks, RNG states and probabilities as on the calling thread."""
+"""The sampler on an engine's worker threads (csrc/sampling/sampling_pool.*, docs/sampling.md
+"Seventh round"): the same picks, RNG states and probabilities as on the calling thread."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ds4.sampling import Rng, probabilities, sample
 
 from test_sampling import _vocab_logits
 
-# Settings whose whole-vocabulary passes split over a pool (the total; probabilities()' pieces),
+# Settings whose whole-vocabulary passes split over a pool (the total; probabilities()' weights and sum),
 # plus top-k, which never splits.
 SETTINGS = [(1.0, 0, 1.0, 0.0), (100.0, 0, 1.0, 0.0), (1.0, 0, 0.9, 0.0), (1.0, 0, 0.9, 0.05), (0.7, 0, 1.0, 0.0),
             (1.0, 40, 1.0, 0.05)]

@@ -1,5 +1,5 @@
-// Which threads the sampler's whole-vocabulary passes may split over (docs/sampling.md, "Two
-// sampler threads"). Results never depend on it: the split passes give the serial ones' bits.
+// Which threads the sampler's whole-vocabulary passes may split over (docs/sampling.md, "Seventh
+// round"). Results never depend on it: the split passes give the serial ones' bits.
 #pragma once
 
 namespace ds4 {
