@@ -14,6 +14,16 @@ Per setting: ``C++`` the sampler alone (``Sampler::sample`` in a C++ loop, media
 sampling uses). Target (issue 14):
 every setting at most 0.1 ms. ``--sampler-threads 2`` lets the whole-vocabulary passes use the
 global pool (docs/sampling.md); the default is one thread.
+
+``--thread-ab`` instead compares one and two sampler threads on the settings that split (the
+whole-vocabulary total and ``probabilities()``): per setting, ``--rounds`` rounds that alternate
+the thread counts (which goes first alternates too), each round the 10th percentile and median of
+``reps`` per-call wall times (and the calling thread's CPU time) per count; reported: the median
+over rounds and the median of the per-round ratios (two threads over one). The global pool is
+resized to ``--pool-threads`` (default 2) for it. Wall time is what the second thread can save, and
+it means something only on an otherwise quiet machine (docs/sampling.md, "Seventh round")::
+
+    PYTHONPATH=python nice -n -20 python bench/sampling.py --thread-ab --rounds 12
 """
 
 from __future__ import annotations
@@ -91,12 +101,77 @@ def per_call_us(fn, reps: int) -> list[float]:
     return out
 
 
+# The settings whose passes split over the pool (the whole-vocabulary total, probabilities()' pieces)
+# and a control that does not split (top-k); True: time probabilities().
+THREAD_AB_CASES = [
+    ("min_p 0", dict(min_p=0.0), False),
+    ("top_p .9, min_p 0", dict(top_p=0.9, min_p=0.0), False),
+    ("T 100, min_p 0", dict(temperature=100.0, min_p=0.0), False),
+    ("probabilities(), min_p 0", dict(min_p=0.0), True),
+    ("probabilities(), top_p .9, min_p 0", dict(top_p=0.9, min_p=0.0), True),
+    ("top_p .9 (min_p .05)", dict(top_p=0.9), False),
+    ("top_k 40 (control)", dict(top_k=40), False),
+]
+
+
+def _pct(vals: list[float], q: float) -> float:
+    v = sorted(vals)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def thread_ab(args) -> None:
+    """One against two sampler threads, interleaved (see the module docstring)."""
+    import statistics
+    _core.set_threads(args.pool_threads)
+    reps = 40 if args.quick else args.reps
+    rows: list[dict] = []
+    results: list[Result] = []
+    for kind in args.kinds.split(","):
+        lg = logits_of(kind)
+        for label, kw, probs in THREAD_AB_CASES:
+            per = {1: {"p10": [], "med": [], "cpu": []}, 2: {"p10": [], "med": [], "cpu": []}}
+            for rnd in range(args.rounds):
+                for nt in ((1, 2) if rnd % 2 == 0 else (2, 1)):
+                    set_sampler_threads(nt)
+                    core_us(lg, kw, 5, probabilities=probs)   # warm the buffers and the pool
+                    wall, cpu = core_us(lg, kw, reps, probabilities=probs)
+                    per[nt]["p10"].append(_pct(wall, 0.1))
+                    per[nt]["med"].append(statistics.median(wall))
+                    per[nt]["cpu"].append(_pct(cpu, 0.1))
+            set_sampler_threads(1)
+            ratio = statistics.median(b / a for a, b in zip(per[1]["p10"], per[2]["p10"]))
+            row = {"logits": kind, "case": label, "_names": {}}
+            for nt in (1, 2):
+                for col, key in ((f"wall p10 {nt}T", "p10"), (f"wall med {nt}T", "med"), (f"cpu p10 {nt}T", "cpu")):
+                    name = f"thread_ab/{kind}/{label}/{key}/{nt}"
+                    r = measure(name, "us", per[nt][key])
+                    results.append(r)
+                    row[col] = r.median
+                    row["_names"][col] = name
+            row["2T/1T p10"] = ratio
+            rows.append(row)
+    print(f"vocabulary {N_VOCAB}; sampler threads 1 vs 2 on a global pool of {args.pool_threads}, "
+          f"{args.rounds} interleaved rounds of {reps} calls: medians over rounds (us), ratio = median "
+          f"of per-round ratios of the wall p10\n")
+    report(results, machine_info(threads=args.pool_threads, n_vocab=N_VOCAB), args,
+           ["logits", "case", "wall p10 1T", "wall p10 2T", "2T/1T p10", "wall med 1T", "wall med 2T",
+            "cpu p10 1T", "cpu p10 2T"], rows)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--sampler-threads", type=int, default=1, help="threads for the sampler's vocabulary passes")
     p.add_argument("--kinds", default="peaked,flat,equal", help="logit shapes, comma-separated")
+    p.add_argument("--thread-ab", action="store_true", help="wall per call, 1 vs 2 sampler threads, interleaved")
+    p.add_argument("--rounds", type=int, default=10, help="--thread-ab: interleaved rounds per setting")
+    p.add_argument("--reps", type=int, default=200, help="--thread-ab: calls per round and thread count")
+    p.add_argument("--pool-threads", type=int, default=2, help="--thread-ab: size of the global pool")
     args = p.parse_args(argv)
+    if args.thread_ab:
+        if args.kinds == "peaked,flat,equal":
+            args.kinds = "peaked,flat"
+        return thread_ab(args)
     if args.quick:
         args.repeats = min(args.repeats, 3)
     set_sampler_threads(args.sampler_threads)

@@ -1144,6 +1144,23 @@ def test_exp_weights_near_float_midpoints():
     assert np.array_equal(got, want), f"{np.count_nonzero(got != want) // 8} arguments differ"
 
 
+def test_exp_weights_around_the_certificates_window():
+    # The certified evaluation is a degree-4 polynomial within 2^-38.5 of exp(x), so it certifies
+    # only lanes at least 2^15 double ulps from a float rounding midpoint (docs/sampling.md,
+    # "Seventh round"). These are 3,000 arguments of [-87, 0] whose exact double lies 2^11 to 2^17
+    # ulps from one, 500 per binade of that distance (scripts/gen_exp_near_window.cpp): the lanes
+    # the certificate decides nearest its edge. Each fills a vector of 8. Bit for bit the scalar
+    # evaluation; caught (tried): the window cut to 2^14 ulps (24 of 3,000 differ), Taylor's
+    # degree-4 coefficients in place of the fitted ones (151), ln2/16 rounded to 40 bits in the
+    # reduction (205).
+    path = Path(__file__).parent / "data" / "exp_near_window.txt"
+    bits = np.array([int(line, 16) for line in path.read_text().split()], dtype=np.uint32)
+    assert bits.size == 3000
+    x = np.repeat(bits.view(np.float32), 8)
+    got, want = _core()._exp_weights(x).view(np.uint32), _scalar_exp_weights(x).view(np.uint32)
+    assert np.array_equal(got, want), f"{np.count_nonzero(got != want) // 8} arguments differ"
+
+
 def _approximates() -> bool:
     """Whether this build's sums approximate weights (the AVX-512 sampling loops run here)."""
     probe = np.linspace(-10, 0, 1000, dtype=np.float32)

@@ -91,6 +91,9 @@ public:
     virtual std::unique_ptr<Stream> new_stream() = 0;
     // Worker threads of the backend's CPU side (the CPU backend's pool; 1 elsewhere).
     virtual int threads() const { return 1; }
+    // The pool of those threads, for host work between batches such as sampling (which idles
+    // them otherwise): the CPU backend's pool; null elsewhere.
+    virtual ThreadPool* host_pool() { return nullptr; }
     // Whether every row of a batched `linear` is bit for bit the one-row product (the CPU
     // kernels: yes; Metal's mat-mat tiles: no). forward_decode_mtp shares one head product
     // between two rows only where it is, so decode's logits never change.

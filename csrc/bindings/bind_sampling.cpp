@@ -14,10 +14,13 @@
 #include <vector>
 #include <utility>
 
+#include "common/errors.h"
+#include "engine/model.h"
 #include "sampling/binade_sum.h"
 #include "sampling/bucket_topp.h"
 #include "sampling/exp_weights.h"
 #include "sampling/sampler.h"
+#include "sampling/sampling_pool.h"
 #include "sampling/scan.h"
 
 namespace py = pybind11;
@@ -40,37 +43,66 @@ ds4::SamplerParams params(float t, long long k, float p, float mp) {
     return sp;
 }
 
+// The pool a call may split over (sampling_pool.h): a Model lends its backend's workers, False
+// keeps the call on the calling thread, None leaves the process-wide setting (set_sampling_threads).
+struct PoolOf {
+    ds4::ThreadPool* pool = nullptr;
+    bool set = false;
+    explicit PoolOf(const py::object& pool_of) {
+        if (pool_of.is_none()) return;
+        set = true;
+        if (py::isinstance<py::bool_>(pool_of)) {
+            if (pool_of.cast<bool>()) ds4::fail(ds4::ErrorKind::InvalidArgument, "pool_of: a Model, False or None");
+            return;
+        }
+        pool = pool_of.cast<ds4::Model&>().backend().host_pool();
+    }
+};
+
 }  // namespace
 
 void init_sampling(py::module_& m) {
     m.def("sample",
-          [](const Logits& logits, float t, long long k, float p, float mp, uint64_t state) {
+          [](const Logits& logits, float t, long long k, float p, float mp, uint64_t state, const py::object& pool_of) {
               const float* a = logits.data();
               const int64_t n = logits.size();
               const ds4::SamplerParams sp = params(t, k, p, mp);
+              const PoolOf po(pool_of);
               int32_t tok;
               {
                   py::gil_scoped_release nogil;
-                  tok = thread_sampler().sample(a, n, sp, state);
+                  if (po.set) {
+                      ds4::SamplingPoolScope scope(po.pool);
+                      tok = thread_sampler().sample(a, n, sp, state);
+                  } else {
+                      tok = thread_sampler().sample(a, n, sp, state);
+                  }
               }
               return std::make_pair(tok, state);
           },
           py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
-          py::arg("rng_state"));
+          py::arg("rng_state"), py::arg("pool_of") = py::none());
     m.def("sample_probabilities",
-          [](const Logits& logits, float t, long long k, float p, float mp) {
+          [](const Logits& logits, float t, long long k, float p, float mp, const py::object& pool_of) {
               const int64_t n = logits.size();
               py::array_t<float> out(n);
               const float* a = logits.data();
               float* o = out.mutable_data();
               const ds4::SamplerParams sp = params(t, k, p, mp);
+              const PoolOf po(pool_of);
               {
                   py::gil_scoped_release nogil;
-                  thread_sampler().probabilities(a, n, sp, o);
+                  if (po.set) {
+                      ds4::SamplingPoolScope scope(po.pool);
+                      thread_sampler().probabilities(a, n, sp, o);
+                  } else {
+                      thread_sampler().probabilities(a, n, sp, o);
+                  }
               }
               return out;
           },
-          py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"));
+          py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
+          py::arg("pool_of") = py::none());
     // The sampler's building blocks, for tests (tests/test_sampling.py): each equals a plain loop.
     m.def("_binade_seq_sum", [](const Logits& w) { return ds4::binade_seq_sum(w.data(), w.size()); }, py::arg("w"));
     m.def("_binade_weight_total", [](const Logits& x) { return ds4::binade_weight_total(x.data(), x.size(), nullptr); },

@@ -134,6 +134,13 @@ float reciprocal_weight_rel(float m, float t, float lowest) {
     return (float)std::ldexp(steps, -23);
 }
 
+float binade_seq_sum_guided(const float* w, int64_t n, const float* chunk_sum, ThreadPool& pool) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_seq_sum_guided_avx512(w, n, chunk_sum, pool);
+#endif
+    return binade_seq_sum(w, n);
+}
+
 float binade_logit_total_rcp(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, float rel,
                              float* wa) {
 #if defined(DS4_ARCH_X86)

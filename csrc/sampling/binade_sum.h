@@ -6,6 +6,8 @@
 
 namespace ds4 {
 
+class ThreadPool;
+
 // s = 0; for i: s = fl(s + w[i]); return s. Any inputs (inf, NaN, negative, denormal).
 float binade_seq_sum(const float* w, int64_t n);
 
@@ -45,6 +47,13 @@ float binade_logit_total_rcp(const float* a, int64_t n, float m, float t, bool a
                              float* wa);
 int64_t binade_logit_walk_rcp(const float* a, int64_t n, float m, float t, bool all_finite, float lowest, float rel,
                               const float* wa, float r);
+
+// binade_seq_sum of weights w >= 0 split over `pool` (AVX-512 builds; elsewhere the serial sum),
+// given each chunk's float sum chunk_sum[c] of w[c * kBinadeChunk, (c + 1) * kBinadeChunk) in any
+// order (a guide to the unit the running sum has there: total_parallel's method, docs/sampling.md).
+// The same bits as the serial sum. probabilities() of the whole vocabulary on two threads.
+constexpr int64_t kBinadeChunk = 128;
+float binade_seq_sum_guided(const float* w, int64_t n, const float* chunk_sum, ThreadPool& pool);
 
 // The same walk over given weights w (any values): the first i where fl(r - ...) <= 0, or -1.
 int64_t binade_seq_walk(const float* w, int64_t n, float r);

@@ -13,6 +13,7 @@
 #include "sampling/binade_sum.h"
 #include "sampling/binade_sum_impl.h"
 #include "sampling/exp_weights.h"
+#include "sampling/sampling_pool.h"
 
 namespace ds4 {
 
@@ -497,14 +498,67 @@ float total_parallel(const Src& x, int64_t n, float* wa, ThreadPool& pool) {
     return s;
 }
 
+float binade_seq_sum_guided_avx512(const float* w, int64_t n, const float* chunk_sum, ThreadPool& pool) {
+    // total_parallel's steps (2)-(4) over exact terms whose chunk sums the caller took: the units
+    // of every chunk at its predicted unit on the pool, then the serial pass.
+    static_assert(kBinadeChunk == kChunkBlocks * kLanes, "binade_sum.h's chunk");
+    const int64_t chunk = kBinadeChunk;
+    const int64_t n_chunks = n / chunk;
+    struct ChunkInfo {
+        bool ok;
+        int32_t units;
+        float u;
+    };
+    static thread_local std::vector<ChunkInfo> per_thread;   // the caller's; workers see it through `info`
+    std::vector<ChunkInfo>& info = per_thread;
+    info.resize((size_t)n_chunks);
+    double prefix = 0.0;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        const float p = (float)prefix;
+        info[(size_t)c].u = (p >= binade::kModelMin && p <= binade::kModelMax) ? binade::unit_of(p).u : 0.0f;
+        prefix += chunk_sum[c];
+    }
+    const Weights src{w};
+    pool.parallel_for(n_chunks, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+            ChunkInfo& ci = info[(size_t)c];
+            ci.ok = false;
+            if (chunk_sum[c] == 0.0f || ci.u == 0.0f) continue;
+            const binade::Unit b = binade::unit_of(ci.u * 0x1p23f);
+            ci.ok = units_of(src, c * chunk, nullptr, nullptr, kChunkBlocks, b.inv_u, ci.units);
+        }
+    }, 64);
+    float s = 0.0f;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        const ChunkInfo& ci = info[(size_t)c];
+        const int64_t i = c * chunk;
+        if (chunk_sum[c] == 0.0f) continue;   // every term 0 (terms >= 0): s + 0 = s
+        if (ci.ok && s >= binade::kModelMin && s <= binade::kModelMax) {
+            const binade::Unit b = binade::unit_of(s);
+            if (b.u == ci.u) {
+                const int32_t S = (int32_t)(s * b.inv_u) + ci.units;
+                if (S < (1 << 24)) {
+                    s = (float)S * b.u;
+                    continue;
+                }
+            }
+        }
+        for (int64_t k = i; k < i + chunk; k += kLanes)   // the serial loop's steps
+            if (!add_span(src, k, nullptr, 1, s)) add_plain(src, k, nullptr, kLanes, s);
+    }
+    for (int64_t i = n_chunks * chunk; i < n; i += chunk) add_plain(src, i, nullptr, std::min<int64_t>(chunk, n - i), s);
+    return s;
+}
+
 float binade_weight_total_avx512(const float* x, int64_t n, float* wa) {
-    if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
+    ThreadPool* pool = n >= (1 << 15) ? sampling_pool() : nullptr;
+    if (pool) {
         static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
         if (!wa) {
             guides.resize((size_t)n);
             wa = guides.data();
         }
-        return total_parallel(Args{x}, n, wa, ThreadPool::global());
+        return total_parallel(Args{x}, n, wa, *pool);
     }
     return total(Args{x}, n, wa);
 }
@@ -513,18 +567,19 @@ int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, fl
 
 int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) { return walk(Weights{w}, nullptr, n, r); }
 
-// The whole-vocabulary total of a logit source: split over the global pool when the sampler may
-// use more than one thread and the vocabulary is large, else the serial pass (same bits either way).
+// The whole-vocabulary total of a logit source: split over the sampling pool (sampling_pool.h) when
+// there is one and the vocabulary is large, else the serial pass (same bits either way).
 namespace {
 template <class Src>
 float logit_total(const Src& src, int64_t n, float* wa) {
-    if (n >= (1 << 15) && sampling_threads() > 1 && ThreadPool::global().size() > 1) {
+    ThreadPool* pool = n >= (1 << 15) ? sampling_pool() : nullptr;
+    if (pool) {
         static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
         if (!wa) {
             guides.resize((size_t)n);
             wa = guides.data();
         }
-        return total_parallel(src, n, wa, ThreadPool::global());
+        return total_parallel(src, n, wa, *pool);
     }
     return total(src, n, wa);
 }
@@ -553,8 +608,29 @@ int64_t binade_logit_walk_rcp_avx512(const float* a, int64_t n, float m, float t
 // non-finite term fails the model and runs the plain loop.
 int64_t binade_seq_until_avx512(const float* w, int64_t n, float total, float top_p, float& s) {
     const int64_t chunk = kChunkBlocks * kLanes;
+    // A chunk's units are taken at the unit the previous chunk ended in (`pred`), which changes
+    // only when the sum crosses a binade: the next chunk's products and roundings then need not
+    // wait for this chunk's reduction and the new running sum (a predicted branch instead of a
+    // data dependency). Where the unit did change, the chunk runs the steps below at its own unit.
+    // The same units, tests and sums as those steps: the same bits (docs/sampling.md, "Seventh round").
+    float pred_inv_u = 0.0f;
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
+        if (i + chunk <= n && s >= binade::kModelMin && s <= binade::kModelMax) {
+            int32_t d;
+            const bool ok = units_of(Weights{w}, i, nullptr, nullptr, kChunkBlocks, pred_inv_u, d);
+            const binade::Unit b = binade::unit_of(s);
+            if (__builtin_expect(b.inv_u == pred_inv_u, 1) && ok) {
+                const int32_t S = (int32_t)(s * b.inv_u) + d;
+                const float s2 = (float)S * b.u;
+                if (S < (1 << 24) && s2 / total < top_p) {
+                    s = s2;
+                    i += chunk - kLanes;
+                    continue;
+                }
+            }
+            pred_inv_u = b.inv_u;
+        }
         float s2 = s;
         if (i + chunk <= n && add_span(Weights{w}, i, nullptr, kChunkBlocks, s2) && s2 / total < top_p) {
             s = s2;

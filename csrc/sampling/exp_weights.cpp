@@ -1,7 +1,5 @@
 #include "sampling/exp_weights.h"
 
-#include <atomic>
-
 #include "quant/simd.h"
 #include "sampling/exp_weights.inc"
 
@@ -17,13 +15,6 @@ bool sampling_avx512() {
     return false;
 #endif
 }
-
-namespace {
-std::atomic<int> g_sampling_threads{1};
-}
-
-int sampling_threads() { return g_sampling_threads.load(std::memory_order_relaxed); }
-void set_sampling_threads(int n) { g_sampling_threads.store(n < 1 ? 1 : n, std::memory_order_relaxed); }
 
 void exp_weights(const float* x, float* w, int64_t n) {
 #if defined(DS4_ARCH_X86)

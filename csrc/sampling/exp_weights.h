@@ -15,12 +15,6 @@ void exp_weights(const float* x, float* w, int64_t n);
 // allow them; DS4_SIMD=scalar turns them off).
 bool sampling_avx512();
 
-// Whether the sampler may split its whole-vocabulary passes over the global thread pool (default
-// 1: one thread; results never depend on it). Worth it where the pool's workers are idle and
-// spinning, as right after a decode step.
-int sampling_threads();
-void set_sampling_threads(int n);
-
 // Per-build entry points (same arithmetic, different vector widths).
 void exp_weights_generic(const float* x, float* w, int64_t n);
 #if defined(DS4_ARCH_X86)

@@ -9,6 +9,7 @@
 #include "sampling/binade_sum.h"
 #include "sampling/exp_weights.h"
 #include "sampling/rng.h"
+#include "sampling/sampling_pool.h"
 #include "sampling/scan.h"
 
 namespace ds4 {
@@ -186,6 +187,18 @@ DS4_SAMPLING_HOT float block_max(const float* a, int64_t m, float init) {
 // multiplies are the same IEEE operations in either).
 DS4_SAMPLING_HOT void scale_weights(const float* w, int64_t n, double inv, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = (float)((double)w[i] * inv);
+}
+
+// out[c] = the float sum, in some order, of w[c * 128, (c + 1) * 128) for c in [c0, c1): the guides
+// of binade_seq_sum_guided (a clone per ISA; any order will do there).
+DS4_SAMPLING_HOT void chunk_sums(const float* w, int64_t c0, int64_t c1, float* out) {
+    for (int64_t c = c0; c < c1; ++c) {
+        F16 acc = load16(w + c * 128);
+        for (int j = 16; j < 128; j += 16) acc += load16(w + c * 128 + j);
+        float r = 0.0f;
+        for (int j = 0; j < 16; ++j) r += acc[j];
+        out[c] = r;
+    }
 }
 
 // out[i] = v: probabilities()' equal weights (a clone per ISA: whole-vector stores where there
@@ -539,14 +552,41 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
         // that stay in cache between the exponential and the sum; the sum runs on from piece to
         // piece (binade_seq_until with a stop that never comes: fl(s / 1) >= inf needs an
         // infinite s, and weights are at most 1).
+        // With every logit finite the arguments need no finiteness test.
         constexpr int64_t kPiece = 2048;
-        alignas(64) float xb[kPiece];
-        total = 0.0f;
-        for (int64_t i = 0; i < n; i += kPiece) {
-            const int64_t len = std::min(kPiece, n - i);
-            shifted_args(a + i, len, m, t, xb);
+        auto weigh = [&](int64_t i, int64_t len, float* xb) {
+            if (all_finite) {
+                shifted_args_finite(a + i, len, m, t, xb);
+            } else {
+                shifted_args(a + i, len, m, t, xb);
+            }
             exp_weights(xb, exact_into_ + i, len);
-            binade_seq_until(exact_into_ + i, len, 1.0f, std::numeric_limits<float>::infinity(), total);
+        };
+        ThreadPool* const pool = n >= (1 << 15) ? sampling_pool() : nullptr;
+        if (pool) {
+            // On the pool: the pieces' weights and each chunk's float sum (a guide to the running
+            // sum's unit), then the exact sum split the same way (binade_seq_sum_guided).
+            const int64_t chunks = n / kBinadeChunk;
+            chunk_sums_.resize((size_t)chunks);
+            static_assert(kPiece % kBinadeChunk == 0, "pieces hold whole chunks");
+            pool->parallel_for((n + kPiece - 1) / kPiece, [&](int64_t q0, int64_t q1) {
+                alignas(64) float xb[kPiece];
+                for (int64_t q = q0; q < q1; ++q) {
+                    const int64_t i = q * kPiece, len = std::min(kPiece, n - i);
+                    weigh(i, len, xb);
+                    static_assert(kBinadeChunk == 128, "chunk_sums' chunk");
+                    chunk_sums(exact_into_, i / kBinadeChunk, std::min(chunks, (i + len) / kBinadeChunk), chunk_sums_.data());
+                }
+            }, 4);
+            total = binade_seq_sum_guided(exact_into_, n, chunk_sums_.data(), *pool);
+        } else {
+            alignas(64) float xb[kPiece];
+            total = 0.0f;
+            for (int64_t i = 0; i < n; i += kPiece) {
+                const int64_t len = std::min(kPiece, n - i);
+                weigh(i, len, xb);
+                binade_seq_until(exact_into_ + i, len, 1.0f, std::numeric_limits<float>::infinity(), total);
+            }
         }
         if (!(total > 0.0f && std::isfinite(total))) return;
         c_.draw = true;
@@ -726,9 +766,10 @@ int32_t Sampler::sample(const float* a, int64_t n, const SamplerParams& p, uint6
 }
 
 void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, float* probs) {
-    // One thread: the exact weights go straight into probs (keep_all_finite), then are scaled in
-    // place. With the pool the pieces below split the exponentials instead.
-    exact_into_ = sampling_threads() == 1 ? probs : nullptr;
+    // The whole vocabulary's exact weights go straight into probs (keep_all_finite), then are
+    // scaled in place (on the pool, when there is one, both).
+    ThreadPool* const pool = sampling_pool();
+    exact_into_ = probs;
     struct Reset {
         float*& into;
         ~Reset() { into = nullptr; }   // also if select throws: sample() must never write there
@@ -759,23 +800,27 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
         }
     };
     if (c.buckets) return c.buckets->probabilities(inv, probs);
+    if (c.w == probs && pool && c.count >= (1 << 15)) {   // the whole vocabulary's exact weights, in place
+        pool->parallel_for(c.count, [&](int64_t i0, int64_t i1) { scale_weights(probs + i0, i1 - i0, inv, probs + i0); },
+                           4096);
+        return;
+    }
     if (c.w) return scale(c.w, 0, c.count);
-    // The whole vocabulary (or the min-p survivors), weights not evaluated yet: in pieces (on the
-    // pool when allowed), arguments and weights in the caller's stack while in cache.
+    // The min-p survivors, weights not evaluated yet (their arguments in c.x; the whole vocabulary
+    // always comes with its exact weights here, above): in pieces (on the pool when allowed), the
+    // weights in the caller's stack while in cache.
     constexpr int64_t kPiece = 2048;
     auto piece = [&](int64_t i0, int64_t i1) {
-        alignas(64) float xb[kPiece], wb[kPiece];
-        const bool from_logits = c.x == nullptr;   // else the arguments are there
-        if (from_logits) shifted_args(c.logits + i0, i1 - i0, c.m, c.t, xb);
-        exp_weights(from_logits ? xb : c.x + i0, wb, i1 - i0);
+        alignas(64) float wb[kPiece];
+        exp_weights(c.x + i0, wb, i1 - i0);
         scale(wb, i0, i1);
     };
     const int64_t pieces = (c.count + kPiece - 1) / kPiece;
     auto run = [&](int64_t p0, int64_t p1) {
         for (int64_t q = p0; q < p1; ++q) piece(q * kPiece, std::min(c.count, (q + 1) * kPiece));
     };
-    if (sampling_threads() > 1 && pieces > 8) {
-        ThreadPool::global().parallel_for(pieces, run, 4);
+    if (pool && pieces > 8) {
+        pool->parallel_for(pieces, run, 4);
     } else {
         run(0, pieces);
     }

@@ -118,7 +118,7 @@ private:
     Scratch<float> x_, wall_, w_, vals_;
     Scratch<int32_t> ids_, tmp_ids_;
     Scratch<uint64_t> keys_, tmp_keys_;
-    std::vector<float> maxima_;
+    std::vector<float> maxima_, chunk_sums_;
     std::vector<uint32_t> radix_count_;
     BucketTopP bucket_;   // high-temperature top-p (bucket_topp.h)
 };

@@ -35,15 +35,18 @@ class TokenPicker:
 
     ``tracker``: a :class:`ds4.dsml.DsmlTracker` the caller keeps updated with the output text
     (None: no tool-call rules). ``logprobs``: None, or how many alternatives to report (0 = only
-    the chosen token's logprob); the last pick's values are in ``logprob`` / ``tops``."""
+    the chosen token's logprob); the last pick's values are in ``logprob`` / ``tops``. ``engine``:
+    the engine whose logits are picked from (its ``sampler_threads`` may lend its workers to the
+    sampler: :func:`ds4.sampling.sample`)."""
 
     def __init__(self, temperature: float, top_k: int, top_p: float, min_p: float, rng: Rng | None,
                  tracker: DsmlTracker | None = None, logprobs: int | None = None,
                  logit_bias: Mapping[int, float] | None = None, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0) -> None:
+                 frequency_penalty: float = 0.0, engine=None) -> None:
         self.temperature, self.top_k, self.top_p, self.min_p, self.rng = temperature, top_k, top_p, min_p, rng
         self.plain_greedy = not temperature > 0  # as sample(): NaN and <= 0 are greedy
         self.tracker = tracker
+        self.engine = engine
         self.logprobs = logprobs
         self.forced: collections.deque[int] = collections.deque()
         self.logprob: float | None = None
@@ -77,7 +80,7 @@ class TokenPicker:
         elif self.plain_greedy or syntax:
             token = argmax(adjusted)
         else:
-            token = sample(adjusted, self.temperature, self.top_k, self.top_p, self.min_p, self.rng)
+            token = sample(adjusted, self.temperature, self.top_k, self.top_p, self.min_p, self.rng, engine=self.engine)
         if self.logprobs is not None:  # the model's own distribution, as OpenAI reports it
             self.logprob = token_logprob(logits, token).logprob
             self.tops = tuple(top_logprobs(logits, self.logprobs)) if self.logprobs > 0 else ()

@@ -34,6 +34,13 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Engine"]
 
 _MTP_PREFIX = "mtp.0."
+# The sampler splits a whole-vocabulary pass over threads only from 2^15 logits on (docs/sampling.md).
+SAMPLER_POOL_MIN_VOCAB = 1 << 15
+# Whether Engine(sampler_threads=None) lends the engine's workers to the sampler (for vocabularies
+# of SAMPLER_POOL_MIN_VOCAB and more). Off until a quiet machine shows two threads faster in wall
+# time (`bench/sampling.py --thread-ab`): on the loaded development machine they were slower
+# (docs/sampling.md, "Seventh round").
+SAMPLER_POOL_BY_DEFAULT = False
 
 
 def _tensor_table(info: "ModelInfo", prefix: str | None = None,
@@ -77,11 +84,20 @@ class Engine:
     bound (plus the embedding on the first stage, the output head and MTP block on the last), so
     only their pages of the file are ever read. A stage has no :meth:`session`; chain stages with
     :class:`ds4.stages.Pipeline` (or across machines, :class:`ds4.distributed.PipelineEngine`).
+
+    ``sampler_threads``: whether sampling from this engine's logits (``Session.sample``, the
+    generation loop, the server) may split its whole-vocabulary passes over the engine's worker
+    threads, which idle while the host samples: 1 keeps it on the calling thread, more lets the
+    engine's pool (all ``threads`` of it) split it. None (default): 1, or with
+    ``SAMPLER_POOL_BY_DEFAULT`` the pool when the vocabulary has at least 32,768 entries (smaller
+    ones are never split). Picks and probabilities never depend on it (docs/sampling.md, "Seventh
+    round").
     """
 
     def __init__(self, path: str | os.PathLike[str], backend: str = "auto", threads: int | None = None,
                  mtp_path: str | os.PathLike[str] | None = None, prefill_chunk: int | None = None,
-                 layers: tuple[int, int] | None = None, steering: "Steering | None" = None) -> None:
+                 layers: tuple[int, int] | None = None, steering: "Steering | None" = None,
+                 sampler_threads: int | None = None) -> None:
         from . import _core
         from .backends import resolve_backend
         from .inspection import inspect
@@ -91,6 +107,8 @@ class Engine:
             threads = check_int(threads, "threads", 1, MAX_THREADS)
         if prefill_chunk is not None:
             prefill_chunk = check_int(prefill_chunk, "prefill_chunk", 1, MAX_CTX)
+        if sampler_threads is not None:
+            sampler_threads = check_int(sampler_threads, "sampler_threads", 1, MAX_THREADS)
         self.path = Path(path)
         self.info: ModelInfo = inspect(self.path)
         self.info.check_supported()
@@ -123,6 +141,16 @@ class Engine:
         self._tokenizer: Tokenizer | None = None
         self._steering: Steering | None = None
         self.steering = steering
+        if sampler_threads is None:
+            big = self.shape.n_vocab >= SAMPLER_POOL_MIN_VOCAB
+            sampler_threads = self.threads if SAMPLER_POOL_BY_DEFAULT and big else 1
+        self.sampler_threads: int = sampler_threads
+
+    @property
+    def _sampler_pool_of(self):
+        """ds4.sampling's ``pool_of`` for this engine's logits: its core model (the worker pool) or
+        False (the calling thread)."""
+        return self._model if self.sampler_threads > 1 and self.threads > 1 else False
 
     # ---- properties -------------------------------------------------------------------------
     @property

@@ -396,7 +396,7 @@ def _run(engine, session, prompt_tokens, max_tokens, temperature, top_k, top_p, 
         blocks = ToolBlockWatch(0)
     raw = ""  # decoded text as generated, </think> included
     picker = TokenPicker(temperature, top_k, top_p, min_p, Rng(seed if seed is not None else time_seed()), tracker,
-                         logprobs)
+                         logprobs, engine=engine)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     decode = decoder.decode
     token_bytes = tok.token_to_bytes

@@ -299,12 +299,16 @@ def sample(
     top_p: float = DEFAULT_TOP_P,
     min_p: float = DEFAULT_MIN_P,
     rng: Rng | None = None,
+    *,
+    engine=None,
 ) -> int:
     """Pick the next token id from ``logits`` (upstream's ``ds4_session_sample``).
 
     Exactly one ``rng`` draw is consumed when a draw happens; argmax short-cuts consume none.
     ``rng`` is required unless ``temperature`` is 0. Arguments are checked by
-    :func:`check_sampling_args`.
+    :func:`check_sampling_args`. ``engine``: the :class:`ds4.Engine` whose logits these are; its
+    ``sampler_threads`` then decides whether its worker threads split the whole-vocabulary passes
+    (None: :func:`set_sampler_threads`' setting). The pick never depends on it.
     """
     t, k, p, mp = _checked_knobs(temperature, top_k, top_p, min_p)
     a = _as_logits(logits)
@@ -313,7 +317,7 @@ def sample(
     if rng is None:
         raise InvalidArgumentError("sample() needs an Rng when temperature > 0")
     # The core rounds the knobs to float32 and applies upstream's normalisation (sampler.h).
-    token, rng.state = _core().sample(a, t, k, p, mp, rng.state)
+    token, rng.state = _core().sample(a, t, k, p, mp, rng.state, _pool_of(engine))
     return int(token)
 
 
@@ -323,18 +327,21 @@ def probabilities(
     top_k: int = DEFAULT_TOP_K,
     top_p: float = DEFAULT_TOP_P,
     min_p: float = DEFAULT_MIN_P,
+    *,
+    engine=None,
 ) -> np.ndarray:
     """float32 probability of every token under :func:`sample` with these knobs: each kept
     token's weight over the kept total (the distribution one draw picks from, up to the float32
     rounding of the walk); one-hot at the argmax when no draw happens (``temperature <= 0``).
-    Speculative sampling compares these for the target and the draft."""
+    Speculative sampling compares these for the target and the draft. ``engine``: as for
+    :func:`sample` (the values never depend on it)."""
     t, k, p, mp = _checked_knobs(temperature, top_k, top_p, min_p)
     a = _as_logits(logits)
     if not t > _T_ZERO:
         out = np.zeros(a.size, dtype=np.float32)
         out[argmax(a)] = 1
         return out
-    return _core().sample_probabilities(a, t, k, p, mp)
+    return _core().sample_probabilities(a, t, k, p, mp, _pool_of(engine))
 
 
 # float32(t) is 0 exactly for t <= 2^-150 (half the smallest subnormal rounds to even, 0).
@@ -355,9 +362,19 @@ def set_sampler_threads(n: int) -> None:
     """Let the sampler split its whole-vocabulary passes (the exact total behind min_p 0 and top_p < 1,
     and ``probabilities()``) over the core's global thread pool: 1 (the default) keeps them on the
     calling thread, 2 or more allows the pool. The picks and probabilities do not depend on it
-    (docs/sampling.md); it pays where the pool's workers are idle, as right after a decode step."""
+    (docs/sampling.md); it pays where the pool's workers are idle, as right after a decode step.
+    Calls given an ``engine`` use that engine's own workers instead (``Engine.sampler_threads``)."""
     check_int(n, "n", 1)
     _core().set_sampling_threads(int(n))
+
+
+def _pool_of(engine):
+    """The core's ``pool_of`` for a call given ``engine``: its Model (split over its workers), False
+    (the calling thread) or None (no engine, or one without a core model, e.g. a pipeline of stages:
+    the process-wide setting)."""
+    if engine is None:
+        return None
+    return getattr(engine, "_sampler_pool_of", None)
 
 
 _core_module = None

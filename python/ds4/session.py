@@ -201,7 +201,7 @@ class Session:
         from . import sampling
         kw = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p).items()
               if v is not None}
-        return sampling.sample(self.logits, rng=rng, **kw)
+        return sampling.sample(self.logits, rng=rng, engine=self.engine, **kw)
 
     def top_logprobs(self, k: int) -> list["TokenLogprob"]:
         """The k most likely next tokens with their log-probabilities (:func:`ds4.sampling.top_logprobs`)."""

@@ -154,7 +154,8 @@ def sampled_cycle(session: "Session", first: int, n: int, params: SamplingParams
         session.eval(first)
         return Cycle((int(first),), 0, 0)
     step = draft_logits if draft_logits is not None else (lambda s, t: s.mtp_draft_step(t))
-    kw = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
+    kw = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+              engine=getattr(session, "engine", None))   # the engine's workers may split the passes
     drafts: list[int] = []
     q_rows: list[np.ndarray] = []
     tok = int(first)

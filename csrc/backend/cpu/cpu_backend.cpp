@@ -433,6 +433,7 @@ public:
     }
     std::unique_ptr<Stream> new_stream() override { return std::make_unique<CpuStream>(&pool_); }
     int threads() const override { return pool_.size(); }
+    ThreadPool* host_pool() override { return &pool_; }
 
 private:
     ThreadPool pool_;

@@ -535,7 +535,7 @@ class Worker:
         dsml = DsmlTracker() if tools_live else None  # where output is inside a DSML block (greedy rule)
         picker = TokenPicker(temperature, top_k, top_p, min_p, Rng(self._seed(req)), dsml,
                              req.top_logprobs if req.logprobs else None, req.logit_bias, req.presence_penalty,
-                             req.frequency_penalty)
+                             req.frequency_penalty, engine=self.engine)
         stops = StopMatcher(req.stops)
         thinking = ThinkingTracker(req.prompt_text)
         # tool blocks count only after the reasoning is closed (DSML inside reasoning is never a call)
