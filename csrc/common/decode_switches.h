@@ -10,6 +10,8 @@ struct DecodeSwitches {
     std::atomic<bool> tapered{true};  // weight-streaming products use Split::Tapered (quant/matvec.cpp)
     std::atomic<bool> warm_hc{true};  // hc_pre's side job warms the mix weights (backend/cpu)
     std::atomic<bool> prewake{true};  // a CPU command batch wakes the pool's workers first
+    // Bytes ahead of the row that the Q8_0 matvec software-prefetches (quant/matvec.cpp); 0: none.
+    std::atomic<int> q8_prefetch{3072};
 };
 
 DecodeSwitches& decode_switches();

@@ -54,6 +54,7 @@ Split streaming_split() {
     return decode_switches().tapered.load(std::memory_order_relaxed) ? Split::Tapered : Split::Even;
 }
 
+
 // Software prefetch of the bytes a fixed distance ahead of the row about to be read. The
 // hardware prefetchers stop at page boundaries and the K/IQ kernels are slow enough per byte that
 // DRAM latency shows; asking early hides it. Prefetches never fault, but stay inside [lo, hi).
@@ -67,16 +68,24 @@ inline void prefetch_span(const uint8_t* p, int64_t bytes, const uint8_t* hi) {
     for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
 }
 
+int64_t prefetch_ahead(GgmlType t) {
+    return t == GgmlType::Q8_0 ? decode_switches().q8_prefetch.load(std::memory_order_relaxed) : kPrefetchAhead;
+}
+
 // Rows [r0, r1) of one matrix (mat, rows of rb bytes, mat_end its end) against one activation:
 // one DotFn call per row, or DotRowsFn calls over runs of up to kRowRun rows where the path has
 // them (same results, dot_kernels.h).
 constexpr int64_t kRowRun = 16;
 
 inline void dot_rows(DotFn fn, DotRowsFn rows_fn, const uint8_t* mat, const uint8_t* mat_end, int64_t rb, int64_t r0,
-                     int64_t r1, const void* xa, int64_t n, float* y) {
+                     int64_t r1, const void* xa, int64_t n, float* y, int64_t ahead = kPrefetchAhead) {
     if (!rows_fn) {
+        if (ahead <= 0) {
+            for (int64_t r = r0; r < r1; ++r) y[r - r0] = fn(mat + r * rb, xa, n);
+            return;
+        }
         for (int64_t r = r0; r < r1; ++r) {
-            prefetch_span(mat + r * rb + kPrefetchAhead, rb, mat_end);
+            prefetch_span(mat + r * rb + ahead, rb, mat_end);
             y[r - r0] = fn(mat + r * rb, xa, n);
         }
         return;
@@ -150,7 +159,9 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     }
     pool_or_global(pool).parallel_for(
         rows,
-        [&](int64_t r0, int64_t r1) { dot_rows(fn, rows_fn, wb, wb + r1 * rb, rb, r0, r1, xa, n, y + r0); },
+        [&, ahead = prefetch_ahead(t)](int64_t r0, int64_t r1) {
+            dot_rows(fn, rows_fn, wb, wb + r1 * rb, rb, r0, r1, xa, n, y + r0, ahead);
+        },
         min_rows_per_task(rb), ranges_per_thread(rows * rb, pool_or_global(pool)), streaming_split());
 }
 
@@ -167,7 +178,7 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
         DotRowsFn rows_fn = nullptr;
         HalfBlockFn half = nullptr;
         const uint8_t* w = nullptr;
-        int64_t rb = 0, rows = 0, unit_rows = 1, first_unit = 0, units = 0;
+        int64_t rb = 0, rows = 0, unit_rows = 1, first_unit = 0, units = 0, ahead = 0;
         const void* xa = nullptr;
         float* y = nullptr;
     };
@@ -205,6 +216,7 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
         check_dims("matvec_group", part.rows, n);
         pl.rb = row_bytes(part.t, n);
         pl.fn = dot_fn(active_kernels(), part.t);
+        pl.ahead = prefetch_ahead(part.t);
         act_bytes(part.t, n);
         pl.first_unit = total_units;
         if (part.rows == 0) continue;
@@ -256,7 +268,7 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
                     pl.half(pl.w + r0 * pl.rb, pl.rb, r1 - r0, static_cast<const float*>(pl.xa), n, 1, n, pl.y + r0,
                             pl.rows);
                 } else {
-                    dot_rows(pl.fn, pl.rows_fn, pl.w, pl.w + r1 * pl.rb, pl.rb, r0, r1, pl.xa, n, pl.y + r0);
+                    dot_rows(pl.fn, pl.rows_fn, pl.w, pl.w + r1 * pl.rb, pl.rb, r0, r1, pl.xa, n, pl.y + r0, pl.ahead);
                 }
                 u0 = e;
             }
