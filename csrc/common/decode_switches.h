@@ -1,6 +1,7 @@
-// Switches for the decode-glue changes (docs/kernels.md, "Decode glue"), all on by default. They
-// change only timing, never a result: tests flip them to prove that, and benches flip them to
-// compare both sides in one process (A/B under a loaded machine's noise).
+// Switches for the decode-glue changes (docs/kernels.md, "Decode glue"), all on by default, and
+// the Q8_0 matvec's prefetch distance. They change only timing, never a result: tests flip them
+// to prove that, and benches flip them to compare both sides in one process (A/B under a loaded
+// machine's noise).
 #pragma once
 #include <atomic>
 
@@ -10,8 +11,10 @@ struct DecodeSwitches {
     std::atomic<bool> tapered{true};  // weight-streaming products use Split::Tapered (quant/matvec.cpp)
     std::atomic<bool> warm_hc{true};  // hc_pre's side job warms the mix weights (backend/cpu)
     std::atomic<bool> prewake{true};  // a CPU command batch wakes the pool's workers first
-    // Bytes ahead of the row that the Q8_0 matvec software-prefetches (quant/matvec.cpp); 0: none.
-    std::atomic<int> q8_prefetch{3072};
+    // Bytes ahead of the row that the Q8_0 matvec (and matvec_group's Q8_0 parts) software-
+    // prefetches into L2, 0: none (quant/matvec.cpp; docs/kernels.md, "The Q8_0 weight streaming
+    // at 2 threads"). 3 KiB before; a timing knob like the others, never a result.
+    std::atomic<int> q8_prefetch{16384};
 };
 
 DecodeSwitches& decode_switches();

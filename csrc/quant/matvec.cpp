@@ -61,6 +61,7 @@ Split streaming_split() {
 // Into L2 (prefetcht1), not L1: L2 tracks more misses in flight than L1's fill buffers, and the
 // L1 prefetcher pulls the lines on from L2. Measured on decode (small, 2 threads, AVX-512):
 // 6 KiB ahead into L1 ~46 tok/s, 3 KiB ahead into L2 ~50 tok/s (1 KiB 46, 8-16 KiB 48-49).
+// That was before the Q8_0 one-activation kernel; Q8_0 now has its own distance (below).
 constexpr int64_t kPrefetchAhead = 3 * 1024;
 
 inline void prefetch_span(const uint8_t* p, int64_t bytes, const uint8_t* hi) {
@@ -68,6 +69,9 @@ inline void prefetch_span(const uint8_t* p, int64_t bytes, const uint8_t* hi) {
     for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
 }
 
+// Q8_0 rows prefetch further ahead (decode_switches().q8_prefetch, 16 KiB by default): with the
+// one-activation kernel the head streamed ~25 % more CPU time per byte at 3 KiB than at 16 KiB,
+// which matched stream_read (docs/kernels.md, "The Q8_0 weight streaming at 2 threads").
 int64_t prefetch_ahead(GgmlType t) {
     return t == GgmlType::Q8_0 ? decode_switches().q8_prefetch.load(std::memory_order_relaxed) : kPrefetchAhead;
 }
