@@ -27,6 +27,12 @@ import time
 import numpy as np
 
 
+def _switches(setting: str) -> dict:
+    """'Q8' or 'Q8:HALF' -> the decode switches (bytes ahead for Q8_0 rows, for F16/BF16 tiles)."""
+    q8, _, half = setting.partition(":")
+    return dict(q8_prefetch=int(q8), **({"half_prefetch": int(half)} if half else {}))
+
+
 def _ratios(res: dict, names: list[str], k: int) -> dict:
     base = res[names[0]]
     return {c: statistics.median(v[k] / b[k] for v, b in zip(res[c], base)) for c in names}
@@ -62,7 +68,7 @@ def head_ab(model_path, settings: list[str], rounds: int) -> None:
         if c == "read":
             core.stream_read(head)
         else:
-            core._decode_switches(q8_prefetch=int(c[2:]))
+            core._decode_switches(**_switches(c[2:]))
             core.matvec(t.type, head, [n, rows], x)
 
     for c in names:  # warm-up: page the head in
@@ -98,7 +104,7 @@ def decode_ab(model_path, settings: list[str], rounds: int, block: int, threads:
     try:
         for r in range(rounds):
             for c in names if r % 2 == 0 else names[::-1]:
-                core._decode_switches(q8_prefetch=int(c[2:]))
+                core._decode_switches(**_switches(c[2:]))
                 cp, w = [], []
                 for _ in range(block):
                     c0, t0 = time.process_time(), time.perf_counter()
@@ -119,7 +125,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--block", type=int, default=4)
     ap.add_argument("--prefetch", default="3072,0,8192,16384",
-                    help="comma list of q8_prefetch settings (bytes ahead; 0: none); the first is the baseline")
+                    help="comma list of settings, each Q8 or Q8:HALF: bytes ahead that Q8_0 rows (q8_prefetch) and "
+                         "F16/BF16 one-token tiles (half_prefetch) prefetch, 0: none; the first is the baseline")
     ap.add_argument("--parts", default="head,decode")
     args = ap.parse_args()
 

@@ -15,6 +15,8 @@ struct DecodeSwitches {
     // prefetches into L2, 0: none (quant/matvec.cpp; docs/kernels.md, "The Q8_0 weight streaming
     // at 2 threads"). 3 KiB before; a timing knob like the others, never a result.
     std::atomic<int> q8_prefetch{16384};
+    // The same for F16/BF16 rows in half_block's few-token forms (quant/dot_half_tile.inc); 2 KiB before.
+    std::atomic<int> half_prefetch{8192};
 };
 
 DecodeSwitches& decode_switches();

@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "common/decode_switches.h"  // the F16/BF16 one-token prefetch distance (dot_half_tile.inc)
 #include "quant/dot_kernels.h"
 #include "quant/formats.h"
 #include "quant/iq2xxs_codes.h"
