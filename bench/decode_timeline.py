@@ -48,6 +48,8 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write per-step events here")
     ap.add_argument("--q8-prefetch", type=int, default=None,
                     help="bytes ahead that the Q8_0 matvec prefetches (common/decode_switches.h; default: the build's)")
+    ap.add_argument("--half-prefetch", type=int, default=None,
+                    help="the same for the F16/BF16 one-token tiles")
     args = ap.parse_args()
 
     import ds4
@@ -58,6 +60,8 @@ def main() -> int:
         raise SystemExit("DS4_OP_TIMELINE=1 must be set before ds4 is imported")
     if args.q8_prefetch is not None:
         _core._decode_switches(q8_prefetch=args.q8_prefetch)
+    if args.half_prefetch is not None:
+        _core._decode_switches(half_prefetch=args.half_prefetch)
     path = Path(args.model) if Path(args.model).is_file() else ds4.testing.cached_model(args.model)
     eng = ds4.Engine(path, threads=args.threads)
     s = eng.session(ctx=args.prompt + args.warmup + args.steps + 8)
