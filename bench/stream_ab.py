@@ -1,7 +1,8 @@
 """In-process A/B of the Q8_0 matvec's software prefetch distance (docs/kernels.md, "The Q8_0
 weight streaming at 2 threads").
 
-    PYTHONPATH=python python bench/stream_ab.py --model bench --rounds 20 --prefetch 3072,0,8192,16384
+    PYTHONPATH=python python bench/stream_ab.py --model bench --rounds 30 \
+        --prefetch 3072:2048:burst,16384:8192,16384:8192:burst,0:0
 
 Two parts, both alternating the settings round by round in one process (forward, then reverse
 order), so every setting sees the same machine load:
@@ -28,9 +29,14 @@ import numpy as np
 
 
 def _switches(setting: str) -> dict:
-    """'Q8' or 'Q8:HALF' -> the decode switches (bytes ahead for Q8_0 rows, for F16/BF16 tiles)."""
-    q8, _, half = setting.partition(":")
-    return dict(q8_prefetch=int(q8), **({"half_prefetch": int(half)} if half else {}))
+    """'Q8[:HALF[:burst]]' -> the decode switches: bytes ahead for Q8_0 rows and for F16/BF16
+    tiles; `burst`: the Q8_0 prefetches issued by matvec before each row instead of inside the
+    one-activation kernel (q8_prefetch_inline off)."""
+    q8, half, *rest = setting.split(":") + [""]
+    out = dict(q8_prefetch=int(q8), q8_prefetch_inline=rest[0] != "burst")
+    if half:
+        out["half_prefetch"] = int(half)
+    return out
 
 
 def _ratios(res: dict, names: list[str], k: int) -> dict:
@@ -125,8 +131,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--block", type=int, default=4)
     ap.add_argument("--prefetch", default="3072,0,8192,16384",
-                    help="comma list of settings, each Q8 or Q8:HALF: bytes ahead that Q8_0 rows (q8_prefetch) and "
-                         "F16/BF16 one-token tiles (half_prefetch) prefetch, 0: none; the first is the baseline")
+                    help="comma list of settings, each Q8[:HALF[:burst]]: bytes ahead that Q8_0 rows (q8_prefetch) and "
+                         "F16/BF16 one-token tiles (half_prefetch) prefetch, 0: none; `burst`: Q8_0 prefetches issued "
+                         "per row by matvec, not inside the kernel; the first is the baseline")
     ap.add_argument("--parts", default="head,decode")
     args = ap.parse_args()
 

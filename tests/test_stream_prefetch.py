@@ -1,5 +1,6 @@
 """The software prefetch distances of the weight-streaming products (common/decode_switches.h:
-`q8_prefetch` for Q8_0 rows, `half_prefetch` for the F16/BF16 one-token tiles; docs/kernels.md,
+`q8_prefetch` for Q8_0 rows, issued inside the one-activation kernel or per row by matvec
+(`q8_prefetch_inline`), `half_prefetch` for the F16/BF16 one-token tiles; docs/kernels.md,
 "The Q8_0 weight streaming at 2 threads") are timing knobs: for any distance, including none (a
 separate loop in quant/matvec.cpp's dot_rows, a skipped branch in dot_half_tile.inc), every
 output row is the row kernel's result for that row, on every SIMD path and thread count, in
@@ -42,6 +43,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("key,default", [("q8_prefetch", DEFAULT), ("half_prefetch", HALF_DEFAULT)])
 def test_default_and_bounds(key, default, restore):
     assert core._decode_switches()[key] == default
+    assert core._decode_switches()["q8_prefetch_inline"] is True
     assert core._decode_switches(**{key: 0})[key] == 0
     for bad in (-1, (1 << 20) + 1):
         with pytest.raises(InvalidArgumentError, match=key):
@@ -68,9 +70,11 @@ def test_matvec_rows_are_the_row_kernel_for_any_distance(rows, blocks, threads, 
             core._decode_switches(q8_prefetch=DEFAULT)
             want = np.concatenate([core.matvec(int(Q.Q8_0), w[r * rb:(r + 1) * rb], (n, 1), x) for r in range(rows)])
             for d in DISTANCES:
-                core._decode_switches(q8_prefetch=d)
-                got = core.matvec(int(Q.Q8_0), w, (n, rows), x)
-                assert np.array_equal(_bits(got), _bits(want)), f"{path}, {threads} threads, q8_prefetch={d}"
+                for inline in (True, False):
+                    core._decode_switches(q8_prefetch=d, q8_prefetch_inline=inline)
+                    got = core.matvec(int(Q.Q8_0), w, (n, rows), x)
+                    assert np.array_equal(_bits(got), _bits(want)), \
+                        f"{path}, {threads} threads, q8_prefetch={d}, inline={inline}"
     finally:
         core.set_threads(before[0])
         core.set_simd_path(before[1])
@@ -106,7 +110,8 @@ def test_half_matvec_rows_are_the_row_kernel_for_any_distance(qtype, rows, n, th
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_linear_group_members_equal_linear_for_any_distance(threads, restore):
     """LinearGroup's one-token dispatch runs ~64 KiB units of its Q8_0 members with the switch's
-    distance and its F16 members with the half distance; each member must stay its own linear."""
+    distance (inside the kernel or per row) and its F16 members with the half distance; each member
+    must stay its own linear."""
     rng = np.random.default_rng(threads)
     n = 512
     types, rows = [Q.Q8_0, Q.Q4_K, Q.Q8_0, Q.F16, Q.Q8_0], [600, 17, 1, 9, 333]
@@ -117,11 +122,11 @@ def test_linear_group_members_equal_linear_for_any_distance(threads, restore):
         core._decode_switches(q8_prefetch=DEFAULT, half_prefetch=HALF_DEFAULT)
         want = [h.linear(w, t, nn, r, x) for w, t, nn, r in members]
         for d in DISTANCES:
-            for dh in (0, 2048, HALF_DEFAULT):
-                core._decode_switches(q8_prefetch=d, half_prefetch=dh)
+            for dh, inline in ((0, True), (2048, False), (HALF_DEFAULT, True)):
+                core._decode_switches(q8_prefetch=d, half_prefetch=dh, q8_prefetch_inline=inline)
                 got = h.linear_group(members, x)
                 for i, (g, e) in enumerate(zip(got, want)):
-                    assert np.array_equal(_bits(g), _bits(e)), f"{path}, member {i}, prefetch {d} / {dh}"
+                    assert np.array_equal(_bits(g), _bits(e)), f"{path}, member {i}, prefetch {d} / {dh} / {inline}"
 
 
 def _decode_digest(threads: int) -> tuple[str, str]:
@@ -140,6 +145,6 @@ def _decode_digest(threads: int) -> tuple[str, str]:
 def test_decode_bits_do_not_depend_on_the_distance(threads, restore):
     core._decode_switches(q8_prefetch=DEFAULT, half_prefetch=HALF_DEFAULT)
     want = _decode_digest(threads)
-    for d, dh in ((0, 0), (3072, 2048)):
-        core._decode_switches(q8_prefetch=d, half_prefetch=dh)
-        assert _decode_digest(threads) == want, f"prefetch {d} / {dh}"
+    for d, dh, inline in ((0, 0, True), (3072, 2048, False), (DEFAULT, HALF_DEFAULT, False)):
+        core._decode_switches(q8_prefetch=d, half_prefetch=dh, q8_prefetch_inline=inline)
+        assert _decode_digest(threads) == want, f"prefetch {d} / {dh} / inline {inline}"

@@ -317,7 +317,7 @@ void init_quant(py::module_& m) {
         return b;
     }, py::arg("n"), py::arg("threads"), py::arg("min_chunk"), py::arg("ranges_per_thread"), py::arg("tapered"));
     m.def("_decode_switches", [](py::object tapered, py::object warm_hc, py::object prewake, py::object q8_prefetch,
-                                 py::object half_prefetch) {
+                                 py::object half_prefetch, py::object q8_prefetch_inline) {
         ds4::DecodeSwitches& s = ds4::decode_switches();
         // Prefetch distances in bytes: 0 (none) to 1 MiB. Checked first: a bad call changes nothing.
         auto distance = [](const char* what, const py::object& v) {
@@ -332,13 +332,16 @@ void init_quant(py::module_& m) {
         if (!tapered.is_none()) s.tapered = tapered.cast<bool>();
         if (!warm_hc.is_none()) s.warm_hc = warm_hc.cast<bool>();
         if (!prewake.is_none()) s.prewake = prewake.cast<bool>();
+        if (!q8_prefetch_inline.is_none()) s.q8_prefetch_inline = q8_prefetch_inline.cast<bool>();
         s.q8_prefetch = q8;
         s.half_prefetch = half;
         return py::dict(py::arg("tapered") = s.tapered.load(), py::arg("warm_hc") = s.warm_hc.load(),
                         py::arg("prewake") = s.prewake.load(), py::arg("q8_prefetch") = s.q8_prefetch.load(),
-                        py::arg("half_prefetch") = s.half_prefetch.load());
+                        py::arg("half_prefetch") = s.half_prefetch.load(),
+                        py::arg("q8_prefetch_inline") = s.q8_prefetch_inline.load());
     }, py::arg("tapered") = py::none(), py::arg("warm_hc") = py::none(), py::arg("prewake") = py::none(),
        py::arg("q8_prefetch") = py::none(), py::arg("half_prefetch") = py::none(),
+       py::arg("q8_prefetch_inline") = py::none(),
        "the decode-glue switches (common/decode_switches.h): set the given ones, return all");
     // A SideJob on the global pool whose ranges each take range_us; the caller finishes it after
     // wait_us. Returns (finish()'s count, ranges seen started, ranges still running when finish()

@@ -15,6 +15,10 @@ struct DecodeSwitches {
     // prefetches into L2, 0: none (quant/matvec.cpp; docs/kernels.md, "The Q8_0 weight streaming
     // at 2 threads"). 3 KiB before; a timing knob like the others, never a result.
     std::atomic<int> q8_prefetch{16384};
+    // Where the Q8_0 prefetches are issued: inside the one-activation kernel, a few per 16 blocks as
+    // it goes (true), or by matvec before each row, the whole row at once (false: a burst of
+    // row_bytes / 64 prefetches, which stalls on long rows).
+    std::atomic<bool> q8_prefetch_inline{true};
     // The same for F16/BF16 rows in half_block's few-token forms (quant/dot_half_tile.inc); 2 KiB before.
     std::atomic<int> half_prefetch{8192};
 };

@@ -72,8 +72,12 @@ inline void prefetch_span(const uint8_t* p, int64_t bytes, const uint8_t* hi) {
 // Q8_0 rows prefetch further ahead (decode_switches().q8_prefetch, 16 KiB by default): with the
 // one-activation kernel the head streamed ~25 % more CPU time per byte at 3 KiB than at 16 KiB,
 // which matched stream_read (docs/kernels.md, "The Q8_0 weight streaming at 2 threads").
-int64_t prefetch_ahead(GgmlType t) {
-    return t == GgmlType::Q8_0 ? decode_switches().q8_prefetch.load(std::memory_order_relaxed) : kPrefetchAhead;
+int64_t prefetch_ahead(GgmlType t, const PreparedDot& prep) {
+    if (t != GgmlType::Q8_0) return kPrefetchAhead;
+    const DecodeSwitches& sw = decode_switches();
+    // A kernel that prefetches as it goes gets no burst before each row (dot_kernels.h).
+    if (prep.dot && prep.prefetches && sw.q8_prefetch_inline.load(std::memory_order_relaxed)) return 0;
+    return sw.q8_prefetch.load(std::memory_order_relaxed);
 }
 
 // Rows [r0, r1) of one matrix (mat, rows of rb bytes, mat_end its end) against one activation:
@@ -163,7 +167,7 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     }
     pool_or_global(pool).parallel_for(
         rows,
-        [&, ahead = prefetch_ahead(t)](int64_t r0, int64_t r1) {
+        [&, ahead = prefetch_ahead(t, prep)](int64_t r0, int64_t r1) {
             dot_rows(fn, rows_fn, wb, wb + r1 * rb, rb, r0, r1, xa, n, y + r0, ahead);
         },
         min_rows_per_task(rb), ranges_per_thread(rows * rb, pool_or_global(pool)), streaming_split());
@@ -220,7 +224,6 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
         check_dims("matvec_group", part.rows, n);
         pl.rb = row_bytes(part.t, n);
         pl.fn = dot_fn(active_kernels(), part.t);
-        pl.ahead = prefetch_ahead(part.t);
         act_bytes(part.t, n);
         pl.first_unit = total_units;
         if (part.rows == 0) continue;
@@ -243,6 +246,7 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
             continue;
         }
         const PreparedDot prep = prepared_vec_dot(active_kernels(), part.t);  // matvec()'s choice
+        pl.ahead = prefetch_ahead(part.t, prep);
         pl.rows_fn = prep.dot ? nullptr : dot_rows_fn(active_kernels(), part.t);
         pl.xa = part.xq;
         if (prep.dot) {
