@@ -50,6 +50,8 @@ def main() -> int:
                     help="bytes ahead that the Q8_0 matvec prefetches (common/decode_switches.h; default: the build's)")
     ap.add_argument("--half-prefetch", type=int, default=None,
                     help="the same for the F16/BF16 one-token tiles")
+    ap.add_argument("--q8-burst", action="store_true",
+                    help="Q8_0 prefetches issued per row by matvec, not inside the kernel (q8_prefetch_inline off)")
     args = ap.parse_args()
 
     import ds4
@@ -62,6 +64,8 @@ def main() -> int:
         _core._decode_switches(q8_prefetch=args.q8_prefetch)
     if args.half_prefetch is not None:
         _core._decode_switches(half_prefetch=args.half_prefetch)
+    if args.q8_burst:
+        _core._decode_switches(q8_prefetch_inline=False)
     path = Path(args.model) if Path(args.model).is_file() else ds4.testing.cached_model(args.model)
     eng = ds4.Engine(path, threads=args.threads)
     s = eng.session(ctx=args.prompt + args.warmup + args.steps + 8)
