@@ -362,7 +362,9 @@ float q8_0_dot_vec(const void* w, const void* prep, int64_t n) {
     const float* xd = reinterpret_cast<const float*>(codes + nb * 32);
     const int32_t* corr = reinterpret_cast<const int32_t*>(codes + nb * 36);
     // The prefetch of the bytes `pf` ahead, 9 lines per 16 blocks (544 bytes), spread over the row
-    // rather than issued as one burst per row (dot_kernels.h, PreparedDot::prefetches).
+    // rather than issued as one burst per row (dot_kernels.h, PreparedDot::prefetches). Near the
+    // end of a range it reaches into the next rows (another thread's, or past the matrix): a
+    // prefetch never faults, and those lines are at most the distance's worth.
     const DecodeSwitches& sw = decode_switches();
     const int64_t pf = sw.q8_prefetch_inline.load(std::memory_order_relaxed)
                            ? sw.q8_prefetch.load(std::memory_order_relaxed)

@@ -54,7 +54,6 @@ Split streaming_split() {
     return decode_switches().tapered.load(std::memory_order_relaxed) ? Split::Tapered : Split::Even;
 }
 
-
 // Software prefetch of the bytes a fixed distance ahead of the row about to be read. The
 // hardware prefetchers stop at page boundaries and the K/IQ kernels are slow enough per byte that
 // DRAM latency shows; asking early hides it. Prefetches never fault, but stay inside [lo, hi).
