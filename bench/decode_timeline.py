@@ -46,6 +46,12 @@ def main() -> int:
                     help="read bandwidth for the floor column (default: the quiet development machine's "
                          "2-thread figure; under load a measured figure says little)")
     ap.add_argument("--json", default=None, help="write per-step events here")
+    ap.add_argument("--q8-prefetch", type=int, default=None,
+                    help="bytes ahead that the Q8_0 matvec prefetches (common/decode_switches.h; default: the build's)")
+    ap.add_argument("--half-prefetch", type=int, default=None,
+                    help="the same for the F16/BF16 one-token tiles")
+    ap.add_argument("--q8-burst", action="store_true",
+                    help="Q8_0 prefetches issued per row by matvec, not inside the kernel (q8_prefetch_inline off)")
     args = ap.parse_args()
 
     import ds4
@@ -54,6 +60,12 @@ def main() -> int:
 
     if not _core.op_timeline_wanted():
         raise SystemExit("DS4_OP_TIMELINE=1 must be set before ds4 is imported")
+    if args.q8_prefetch is not None:
+        _core._decode_switches(q8_prefetch=args.q8_prefetch)
+    if args.half_prefetch is not None:
+        _core._decode_switches(half_prefetch=args.half_prefetch)
+    if args.q8_burst:
+        _core._decode_switches(q8_prefetch_inline=False)
     path = Path(args.model) if Path(args.model).is_file() else ds4.testing.cached_model(args.model)
     eng = ds4.Engine(path, threads=args.threads)
     s = eng.session(ctx=args.prompt + args.warmup + args.steps + 8)

@@ -316,14 +316,32 @@ void init_quant(py::module_& m) {
                           b);
         return b;
     }, py::arg("n"), py::arg("threads"), py::arg("min_chunk"), py::arg("ranges_per_thread"), py::arg("tapered"));
-    m.def("_decode_switches", [](py::object tapered, py::object warm_hc, py::object prewake) {
+    m.def("_decode_switches", [](py::object tapered, py::object warm_hc, py::object prewake, py::object q8_prefetch,
+                                 py::object half_prefetch, py::object q8_prefetch_inline) {
         ds4::DecodeSwitches& s = ds4::decode_switches();
+        // Prefetch distances in bytes: 0 (none) to 1 MiB. Checked first: a bad call changes nothing.
+        auto distance = [](const char* what, const py::object& v) {
+            const long long d = v.cast<long long>();
+            if (d < 0 || d > (1 << 20))
+                ds4::fail(ds4::ErrorKind::InvalidArgument, std::string(what) + ": " + std::to_string(d) +
+                                                               " is outside [0, 1 MiB]");
+            return (int)d;
+        };
+        const int q8 = q8_prefetch.is_none() ? s.q8_prefetch.load() : distance("q8_prefetch", q8_prefetch);
+        const int half = half_prefetch.is_none() ? s.half_prefetch.load() : distance("half_prefetch", half_prefetch);
         if (!tapered.is_none()) s.tapered = tapered.cast<bool>();
         if (!warm_hc.is_none()) s.warm_hc = warm_hc.cast<bool>();
         if (!prewake.is_none()) s.prewake = prewake.cast<bool>();
+        if (!q8_prefetch_inline.is_none()) s.q8_prefetch_inline = q8_prefetch_inline.cast<bool>();
+        s.q8_prefetch = q8;
+        s.half_prefetch = half;
         return py::dict(py::arg("tapered") = s.tapered.load(), py::arg("warm_hc") = s.warm_hc.load(),
-                        py::arg("prewake") = s.prewake.load());
+                        py::arg("prewake") = s.prewake.load(), py::arg("q8_prefetch") = s.q8_prefetch.load(),
+                        py::arg("half_prefetch") = s.half_prefetch.load(),
+                        py::arg("q8_prefetch_inline") = s.q8_prefetch_inline.load());
     }, py::arg("tapered") = py::none(), py::arg("warm_hc") = py::none(), py::arg("prewake") = py::none(),
+       py::arg("q8_prefetch") = py::none(), py::arg("half_prefetch") = py::none(),
+       py::arg("q8_prefetch_inline") = py::none(),
        "the decode-glue switches (common/decode_switches.h): set the given ones, return all");
     // A SideJob on the global pool whose ranges each take range_us; the caller finishes it after
     // wait_us. Returns (finish()'s count, ranges seen started, ranges still running when finish()

@@ -1,6 +1,7 @@
 // AVX2 + FMA + F16C row-dot kernels (compiled with those flags only; chosen at run time).
 #include <immintrin.h>
 
+#include "common/decode_switches.h"  // the F16/BF16 one-token prefetch distance (dot_half_tile.inc)
 #include "quant/dot_kernels.h"
 #include "quant/formats.h"
 #include "quant/iq2xxs_tables.h"

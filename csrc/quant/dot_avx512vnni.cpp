@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "common/decode_switches.h"  // prefetch distances (q8_0_dot_vec, dot_half_tile.inc)
 #include "quant/dot_kernels.h"
 #include "quant/formats.h"
 #include "quant/iq2xxs_codes.h"
@@ -360,10 +361,21 @@ float q8_0_dot_vec(const void* w, const void* prep, int64_t n) {
     const uint8_t* codes = static_cast<const uint8_t*>(prep);
     const float* xd = reinterpret_cast<const float*>(codes + nb * 32);
     const int32_t* corr = reinterpret_cast<const int32_t*>(codes + nb * 36);
+    // The prefetch of the bytes `pf` ahead, 9 lines per 16 blocks (544 bytes), spread over the row
+    // rather than issued as one burst per row (dot_kernels.h, PreparedDot::prefetches). Near the
+    // end of a range it reaches into the next rows (another thread's, or past the matrix): a
+    // prefetch never faults, and those lines are at most the distance's worth.
+    const DecodeSwitches& sw = decode_switches();
+    const int64_t pf = sw.q8_prefetch_inline.load(std::memory_order_relaxed)
+                           ? sw.q8_prefetch.load(std::memory_order_relaxed)
+                           : 0;
     __m256 acc = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 16 <= n8; b += 16) {
         const uint8_t* wb = wp + b * 34;
+        if (pf > 0) {
+            for (int k = 0; k < 16 * 34; k += 64) _mm_prefetch(reinterpret_cast<const char*>(wb + pf + k), _MM_HINT_T1);
+        }
         const __m512 wd = q8_0_scales16(wb);
         for (int g = 0; g < 2; ++g) {
             const int64_t bg = b + 8 * g;
@@ -399,7 +411,7 @@ DotKernels make_avx512vnni_table() {
     // form the scalar int32 block sums and float expression, so they agree bit for bit.
     k.q4_k_n = DS4_X86_MULTI(x86_q4_k_n);
     k.q8_0_prep = PreparedDot{q8_0_prep_bytes, q8_0_prepare, q8_0_dot_prepared, q8_0_dot_prepared_n};
-    k.q8_0_vec_prep = PreparedDot{q8_0_prep_bytes, q8_0_prepare_vec, q8_0_dot_vec, nullptr};
+    k.q8_0_vec_prep = PreparedDot{q8_0_prep_bytes, q8_0_prepare_vec, q8_0_dot_vec, nullptr, true};
     k.iq2_xxs = x86_single<x86_iq2_xxs_n<Iq2BlockVbmi, 1>>;
     k.iq2_xxs_n = x86_multi<x86_iq2_xxs_n<Iq2BlockVbmi, 1>, x86_iq2_xxs_n<Iq2BlockVbmi, 2>,
                             x86_iq2_xxs_n<Iq2BlockVbmi, 3>, x86_iq2_xxs_n<Iq2BlockVbmi, 4>>;

@@ -38,6 +38,10 @@ struct PreparedDot {
     PrepFn prepare = nullptr;
     DotPrepFn dot = nullptr;
     DotPrepNFn dot_n = nullptr;  // nullptr: no small-batch form
+    // The dot prefetches the row's bytes ahead of itself as it goes, at decode_switches().q8_prefetch
+    // when q8_prefetch_inline is on (the caller then issues none; docs/kernels.md, "The Q8_0 weight
+    // streaming at 2 threads").
+    bool prefetches = false;
 };
 
 // F16/BF16 weights: a block of nrows rows (row_bytes apart) x ntok float activations (x_stride

@@ -60,11 +60,23 @@ Split streaming_split() {
 // Into L2 (prefetcht1), not L1: L2 tracks more misses in flight than L1's fill buffers, and the
 // L1 prefetcher pulls the lines on from L2. Measured on decode (small, 2 threads, AVX-512):
 // 6 KiB ahead into L1 ~46 tok/s, 3 KiB ahead into L2 ~50 tok/s (1 KiB 46, 8-16 KiB 48-49).
+// That was before the Q8_0 one-activation kernel; Q8_0 now has its own distance (below).
 constexpr int64_t kPrefetchAhead = 3 * 1024;
 
 inline void prefetch_span(const uint8_t* p, int64_t bytes, const uint8_t* hi) {
     const uint8_t* end = p + bytes < hi ? p + bytes : hi;
     for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+}
+
+// Q8_0 rows prefetch further ahead (decode_switches().q8_prefetch, 16 KiB by default): with the
+// one-activation kernel the head streamed ~25 % more CPU time per byte at 3 KiB than at 16 KiB,
+// which matched stream_read (docs/kernels.md, "The Q8_0 weight streaming at 2 threads").
+int64_t prefetch_ahead(GgmlType t, const PreparedDot& prep) {
+    if (t != GgmlType::Q8_0) return kPrefetchAhead;
+    const DecodeSwitches& sw = decode_switches();
+    // A kernel that prefetches as it goes gets no burst before each row (dot_kernels.h).
+    if (prep.dot && prep.prefetches && sw.q8_prefetch_inline.load(std::memory_order_relaxed)) return 0;
+    return sw.q8_prefetch.load(std::memory_order_relaxed);
 }
 
 // Rows [r0, r1) of one matrix (mat, rows of rb bytes, mat_end its end) against one activation:
@@ -73,10 +85,14 @@ inline void prefetch_span(const uint8_t* p, int64_t bytes, const uint8_t* hi) {
 constexpr int64_t kRowRun = 16;
 
 inline void dot_rows(DotFn fn, DotRowsFn rows_fn, const uint8_t* mat, const uint8_t* mat_end, int64_t rb, int64_t r0,
-                     int64_t r1, const void* xa, int64_t n, float* y) {
+                     int64_t r1, const void* xa, int64_t n, float* y, int64_t ahead = kPrefetchAhead) {
     if (!rows_fn) {
+        if (ahead <= 0) {
+            for (int64_t r = r0; r < r1; ++r) y[r - r0] = fn(mat + r * rb, xa, n);
+            return;
+        }
         for (int64_t r = r0; r < r1; ++r) {
-            prefetch_span(mat + r * rb + kPrefetchAhead, rb, mat_end);
+            prefetch_span(mat + r * rb + ahead, rb, mat_end);
             y[r - r0] = fn(mat + r * rb, xa, n);
         }
         return;
@@ -150,7 +166,9 @@ void matvec(GgmlType t, const void* w, int64_t rows, int64_t n, const void* xq, 
     }
     pool_or_global(pool).parallel_for(
         rows,
-        [&](int64_t r0, int64_t r1) { dot_rows(fn, rows_fn, wb, wb + r1 * rb, rb, r0, r1, xa, n, y + r0); },
+        [&, ahead = prefetch_ahead(t, prep)](int64_t r0, int64_t r1) {
+            dot_rows(fn, rows_fn, wb, wb + r1 * rb, rb, r0, r1, xa, n, y + r0, ahead);
+        },
         min_rows_per_task(rb), ranges_per_thread(rows * rb, pool_or_global(pool)), streaming_split());
 }
 
@@ -167,7 +185,7 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
         DotRowsFn rows_fn = nullptr;
         HalfBlockFn half = nullptr;
         const uint8_t* w = nullptr;
-        int64_t rb = 0, rows = 0, unit_rows = 1, first_unit = 0, units = 0;
+        int64_t rb = 0, rows = 0, unit_rows = 1, first_unit = 0, units = 0, ahead = 0;
         const void* xa = nullptr;
         float* y = nullptr;
     };
@@ -227,6 +245,7 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
             continue;
         }
         const PreparedDot prep = prepared_vec_dot(active_kernels(), part.t);  // matvec()'s choice
+        pl.ahead = prefetch_ahead(part.t, prep);
         pl.rows_fn = prep.dot ? nullptr : dot_rows_fn(active_kernels(), part.t);
         pl.xa = part.xq;
         if (prep.dot) {
@@ -256,7 +275,7 @@ void matvec_group(const MatvecPart* parts, int n_parts, int64_t n, ThreadPool* p
                     pl.half(pl.w + r0 * pl.rb, pl.rb, r1 - r0, static_cast<const float*>(pl.xa), n, 1, n, pl.y + r0,
                             pl.rows);
                 } else {
-                    dot_rows(pl.fn, pl.rows_fn, pl.w, pl.w + r1 * pl.rb, pl.rb, r0, r1, pl.xa, n, pl.y + r0);
+                    dot_rows(pl.fn, pl.rows_fn, pl.w, pl.w + r1 * pl.rb, pl.rb, r0, r1, pl.xa, n, pl.y + r0, pl.ahead);
                 }
                 u0 = e;
             }
