@@ -126,31 +126,29 @@ def test_bounded_buckets_on_the_whole_vocabulary(kind, t, top_p):
 
 
 def test_a_bucket_of_equal_weights_on_a_half_unit_is_refused():
-    # 64 equal logits whose weight w is an exact half-unit at the sum's unit after the first token:
-    # w = 0.75 * 2^-k with the first token 1, so after it the unit is 2^-23 and w / u is n + 1/2 for
-    # k small enough; the sorted loop rounds each addition to even (the parity of the running count
-    # matters), a unit count cannot. A certificate without its one-ulp widening (bounds equal to
-    # the weight) and a non-strict test would take such a bucket.
-    t = 1.0
-    for k in range(0, 6):
-        x = F(np.log(0.75) - k * np.log(2))   # argument whose weight is near 0.75 * 2^-k
-        a = np.concatenate([[F(0)], np.full(64, x, dtype=np.float32), np.linspace(-9, -12, 300).astype(np.float32)])
-        w = _weights(a, t)
-        total = _plain_sum(w)
-        rs = [F(u) * total for u in (0.3, 0.5, 0.51, 0.52, 0.9)]
-        for top_p in (0.6, 0.9, 0.999):
-            _check_bounded(a, t, top_p, rs, 4096)
-    # and the same with weights that are exact half-units: logits chosen so exp rounds to 0.75
-    y = F(np.log(np.float64(0.75)))
-    assert _weights(np.array([0.0, y], dtype=np.float32), 1.0)[1] == F(0.75)
-    a = np.concatenate([[F(0)], np.full(97, y, dtype=np.float32), np.full(5, F(-20))])
+    # 19 logits 0 and one -2^-19 (weights 1 and 1 - 2^-19: the sum reaches 20 - 2^-19, an odd count
+    # of units 2^-19), then 8 logits -3 * 2^-20 whose weight 1 - 3 * 2^-20 is 2^19 - 3/2 units: a
+    # tie, which the sorted loop rounds to even, so each addition depends on the running count's
+    # parity (it adds 8 * 2^19 - 15 units; a count of round-half-up units would add 8 * 2^19 - 8),
+    # then 50 logits -1e-4. The range is 1e-4, so a bucket is 2.4e-8 wide and its bounds' weights
+    # may be that one float: only the one-ulp widening and the strict test keep the certificate
+    # from taking the run as a unit count.
+    x = F(-3 * 2.0**-20)
+    a = np.concatenate([np.zeros(19, dtype=np.float32), [F(-(2.0**-19))], np.full(8, x),
+                        np.full(50, F(-1e-4))]).astype(np.float32)
+    a = a[np.random.default_rng(1).permutation(a.size)]
     w = _weights(a, 1.0)
+    wr = F(1 - 3 * 2.0**-20)
+    assert np.count_nonzero(w == wr) == 8 and np.count_nonzero(w == F(1 - 2.0**-19)) == 1
+    head = _plain_sum(np.concatenate([np.ones(19, dtype=np.float32), [F(1 - 2.0**-19)]]))
+    run = _plain_sum(np.concatenate([np.ones(19, dtype=np.float32), [F(1 - 2.0**-19)], np.full(8, wr)]))
+    assert int(head * 2**19) % 2 == 1 and int(run * 2**19) == int(head * 2**19) + 8 * 2**19 - 15
     total = _plain_sum(w)
-    # after 1: the sum is in [1, 2), unit 2^-23, 0.75 = 6291456 units exactly (no tie); after it the
-    # sum reaches [2, 4) (unit 2^-22), where 0.75 is 3145728 units: ties appear once the sum is >= 2^k
-    # with 0.75 / 2^(k - 23) odd multiples of 1/2 (k = 23 - log2(0.75 / 1.5 ...)); the loops decide.
-    for top_p in (0.5, 0.9, 0.99):
-        _check_bounded(a, 1.0, top_p, [F(u) * total for u in (0.1, 0.5, 0.9)], 4096)
+    for top_p in (0.4, 0.9, 0.99):
+        rs = [F(u) * total for u in (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.99)]
+        for plan in (0, 1):
+            with _Plan(plan):
+                assert _check_bounded(a, 1.0, top_p, rs, 4096) is not None
 
 
 class _BucketsAlways:
