@@ -141,6 +141,17 @@ inline float step(float v, int dir) {
     return v;
 }
 
+// out[j] = the probability (float)((double)w[j] * inv) of a token whose bucket comes before the
+// stop's, else 0 (kept tokens of the stop's bucket are written after). A select, not a branch:
+// at top_p .5 half the tokens pass, in no order, and a branch per token mispredicted (T 100:
+// 450 -> 760 us for probabilities()).
+DS4_BUCKET_HOT void scale_kept(const float* w, const uint16_t* bix, int64_t n, uint32_t stop, double inv, float* out) {
+    for (int64_t j = 0; j < n; ++j) {
+        const float v = (float)((double)w[j] * inv);
+        out[j] = bix[j] < stop ? v : 0.0f;
+    }
+}
+
 inline bool in_model(float s) { return s >= binade::kModelMin && s <= binade::kModelMax; }
 
 }  // namespace
@@ -492,8 +503,8 @@ void BucketTopP::probabilities(double inv, float* probs) {
     alignas(64) float wb[kPiece];
     if (lazy_) {
         // Every token of a bucket before the stop's is kept: the vocabulary in id order, in
-        // pieces, weighing every finite token and writing those; then the stop bucket's sorted
-        // prefix, whose exact weights are in w_.
+        // pieces, weighing every finite token and writing every entry (0 past the stop's bucket);
+        // then the stop bucket's sorted prefix, whose exact weights are in w_.
         alignas(64) float xb[kPiece];
         const uint16_t* bix = bix_.get(in_.n);
         const uint32_t stop = (uint32_t)stop_bucket_;
@@ -501,8 +512,7 @@ void BucketTopP::probabilities(double inv, float* probs) {
             const int64_t len = std::min(kPiece, in_.n - p);
             shifted_args(in_.a + p, len, in_.m, in_.t, xb);
             exp_weights(xb, wb, len);
-            for (int64_t j = 0; j < len; ++j)
-                if (bix[p + j] < stop) probs[p + j] = (float)((double)wb[j] * inv);
+            scale_kept(wb, bix + p, len, stop, inv, probs + p);
         }
         const int64_t p0 = pos_[stop_bucket_];
         for (int64_t j = p0; j < p0 + kept_stop_; ++j) probs[ids_[j]] = (float)((double)w_[j] * inv);
