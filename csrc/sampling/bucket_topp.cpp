@@ -21,6 +21,9 @@
 // A bucket's rounded units come from the approximate weights when the error interval of every term
 // rounds to one integer (that also rules out a half-integer), else from its exact weights; an exact
 // half-integer (a tie, whose rounding depends on the parity of S', i.e. on the order) sorts it.
+// Over the whole vocabulary most buckets need neither: bounds on every weight of the bucket, from
+// its logit interval, round to one integer (weight_bounds, certified), and only the buckets that
+// fail have their ids collected (plan, collect).
 
 namespace ds4 {
 

@@ -47,7 +47,8 @@ public:
     int32_t last() const { return ids_[pos_[stop_bucket_] + kept_stop_ - 1]; }   // the stop: the last kept token in sorted order
     // The sorted walk r = fl(r - w) over the kept tokens: the id where r <= 0 first, or -1.
     int64_t walk(float r);
-    // probs[id] = (float)((double)w_id * inv) for every kept id (the other entries untouched).
+    // probs[id] = (float)((double)w_id * inv) for every kept id; the other entries are left alone
+    // (a collected prefix) or set to 0 (the whole vocabulary).
     void probabilities(double inv, float* probs);
     int64_t sorted_tokens() const;   // how many kept tokens sit in sorted buckets (tests, docs)
 
@@ -88,8 +89,8 @@ private:
     Buf<uint32_t> off_;     // bucket k holds sorted positions [off_[k], off_[k + 1])
     Buf<uint32_t> pos_;     // its ids and weights: ids_/w_ from pos_[k] (collected buckets only, when lazy_)
     Buf<uint8_t> state_;
-    Buf<int32_t> ids_;      // positions: ids, in id order inside a bucket unless sorted
-    Buf<float> w_;          // positions: the exact weight (kExact, kSorted; kApprox reads wa by id)
+    Buf<int32_t> ids_;      // from pos_[k]: bucket k's ids, ascending unless sorted
+    Buf<float> w_;          // from pos_[k]: their exact weights (kExact, kSorted; kApprox reads wa by id)
     Buf<float> vals_, x_;
     Buf<uint64_t> keys_;
     Buf<uint32_t> cur_;
