@@ -126,7 +126,7 @@ void init_sampling(py::module_& m) {
     // tokens in sorted buckets).
     m.def("_bucket_top_p",
           [](const Logits& a, const Logits& w, const Logits& wa, float rel, float total, float top_p, int buckets,
-             const Logits& rs, float floor) -> py::object {
+             const Logits& rs, float floor, float t) -> py::object {
               const int64_t n = a.size();
               if (w.size() != n || wa.size() != n) throw py::value_error("a, w and wa differ in length");
               float hi = -__builtin_inff(), lo = __builtin_inff();
@@ -143,8 +143,11 @@ void init_sampling(py::module_& m) {
               if (!(hi >= lo)) return py::none();
               const bool prefix = floor - floor == 0.0f;
               if (prefix) lo = floor;   // a bound at or below the prefix's logits, as the sampler passes
+              // t given: the exact weights are the sampler's, exp_weights(fl(fl(a - hi) / t)) (w must hold
+              // them), so the whole-vocabulary partition may certify buckets from their logit bounds.
+              const bool formula = t > 0.0f;
               ds4::BucketTopPInput in{a.data(), prefix ? (int64_t)sub.size() : n, hi, lo, all_finite, wa.data(), rel,
-                                      w.data(), hi, 1.0f, total, top_p, buckets};
+                                      formula ? nullptr : w.data(), hi, formula ? t : 1.0f, total, top_p, buckets};
               if (prefix) {
                   if (sub.empty()) return py::none();
                   in.sub = sub.data();
@@ -153,13 +156,18 @@ void init_sampling(py::module_& m) {
               ds4::BucketTopP b;
               if (!b.select(in)) return py::none();
               py::array_t<int32_t> kept(b.count());
-              std::copy(b.ids(), b.ids() + b.count(), kept.mutable_data());
+              b.kept_ids(kept.mutable_data());
               std::vector<int64_t> picks;
               for (int64_t i = 0; i < rs.size(); ++i) picks.push_back(b.walk(rs.data()[i]));
               return py::make_tuple(b.count(), b.sum(), kept, picks, b.sorted_tokens());
           },
           py::arg("a"), py::arg("w"), py::arg("wa"), py::arg("rel"), py::arg("total"), py::arg("top_p"),
-          py::arg("buckets"), py::arg("rs"), py::arg("floor") = std::numeric_limits<float>::quiet_NaN());
+          py::arg("buckets"), py::arg("rs"), py::arg("floor") = std::numeric_limits<float>::quiet_NaN(),
+          py::arg("t") = 0.0f);
+    m.def("_bucket_top_p_collections", &ds4::bucket_top_p_collections);
+    m.def("_set_bucket_top_p_plan", &ds4::set_bucket_top_p_plan, py::arg("v"),
+          "0: each collection pass also takes the buckets predicted to need ids; 1: only the one asking (tests)");
+    m.def("_bucket_top_p_plan", &ds4::bucket_top_p_plan);
     m.def("_set_bucket_top_p_min_kept", &ds4::set_bucket_top_p_min_kept, py::arg("v"),
           "the sampler's bucket branch runs when more tokens than this are kept (0: always, inf: never)");
     m.def("_bucket_top_p_min_kept", &ds4::bucket_top_p_min_kept);

@@ -5,6 +5,8 @@
 // rounded units keep that value inside its binade, is added (or walked) as an integer count of
 // units, which is the sorted loop's float result bit for bit; any other bucket is sorted and runs
 // the plain loop. select() returns false when it cannot decide (the sorted path then decides).
+// Over the whole vocabulary a bucket's ids are collected only when it needs them: the others are
+// certified from bounds on their weights alone (docs/sampling.md, "Eighth round").
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -40,17 +42,28 @@ public:
     bool select(const BucketTopPInput& in);
     int64_t count() const { return kept_; }
     float sum() const { return sum_; }
-    const int32_t* ids() const { return ids_.p.get(); }   // the kept tokens, bucket by bucket
-    int32_t last() const { return ids_[kept_ - 1]; }    // the stop: the last kept token in sorted order
+    // The kept tokens (bucket by bucket; in sorted order inside the stop's bucket) into out[0..count).
+    void kept_ids(int32_t* out) const;
+    int32_t last() const { return ids_[pos_[stop_bucket_] + kept_stop_ - 1]; }   // the stop: the last kept token in sorted order
     // The sorted walk r = fl(r - w) over the kept tokens: the id where r <= 0 first, or -1.
     int64_t walk(float r);
-    // probs[id] = (float)((double)w_id * inv) for every kept id (the other entries untouched).
+    // probs[id] = (float)((double)w_id * inv) for every kept id; the other entries are left alone
+    // (a collected prefix) or set to 0 (the whole vocabulary).
     void probabilities(double inv, float* probs);
     int64_t sorted_tokens() const;   // how many kept tokens sit in sorted buckets (tests, docs)
 
 private:
-    enum State : uint8_t { kApprox, kExact, kSorted };
-    bool units(int k, int64_t end, float inv_u, int64_t& r);
+    // kNone: the bucket's ids are not collected yet (whole vocabulary); kApprox: collected, its
+    // weights read from wa by id; kExact/kSorted: exact weights in w_ (kSorted: in sorted order).
+    enum State : uint8_t { kNone, kApprox, kExact, kSorted };
+    int64_t count(int k) const { return (int64_t)off_[k + 1] - off_[k]; }
+    bool units(int k, int64_t m, float inv_u, int64_t& r);   // of the bucket's first m tokens
+    bool certified(int k, int64_t m, float inv_u, int64_t& r) const;
+    bool weight_bounds(int nb, float scale);
+    void need_ids(int k, float v, bool walk);
+    void plan(int k0, float v0, bool walk);
+    void collect();
+    int64_t stop_units(float u) const;
     void make_exact(int k);
     void sort_bucket(int k);
     void exact_weights(const int32_t* ids, int64_t m, float* out);
@@ -73,15 +86,23 @@ private:
 
     BucketTopPInput in_;
     Buf<uint16_t> bix_;     // each token's bucket (buckets: not finite)
-    Buf<uint32_t> off_;     // bucket k holds positions [off_[k], off_[k + 1])
+    Buf<uint32_t> off_;     // bucket k holds sorted positions [off_[k], off_[k + 1])
+    Buf<uint32_t> pos_;     // its ids and weights: ids_/w_ from pos_[k] (collected buckets only, when lazy_)
     Buf<uint8_t> state_;
-    Buf<int32_t> ids_;      // positions: ids, in id order inside a bucket unless sorted
-    Buf<float> w_;          // positions: the exact weight (kExact, kSorted; kApprox reads wa by id)
+    Buf<int32_t> ids_;      // from pos_[k]: bucket k's ids, ascending unless sorted
+    Buf<float> w_;          // from pos_[k]: their exact weights (kExact, kSorted; kApprox reads wa by id)
     Buf<float> vals_, x_;
     Buf<uint64_t> keys_;
     Buf<uint32_t> cur_;
+    Buf<float> wlo_, whi_;  // bounds on every weight of bucket k (bounds_: valid)
+    Buf<uint8_t> want_;     // buckets the next collection pass fills
+    Buf<int> wanted_;       // the buckets marked in want_
+    Buf<int32_t> hits_;     // the collection pass's scratch
+    int64_t next_ = 0, exact_end_ = 0;   // the next free entry of ids_/w_ (lazy_); scratch of collect()
+    int n_wanted_ = 0;
+    bool lazy_ = false, bounds_ = false;
     int stop_bucket_ = 0;
-    int64_t kept_ = 0;
+    int64_t kept_ = 0, kept_stop_ = 0;   // kept tokens, and of them in the stop's bucket
     float sum_ = 0.0f;
 };
 
@@ -101,6 +122,13 @@ void set_bucket_top_p_prefix_min(float v);
 // over the whole vocabulary, and over a collected top-p prefix (BucketTopPInput::sub).
 int64_t bucket_top_p_selections();
 int64_t bucket_top_p_prefix_selections();
+
+// How many collection passes over the vocabulary the whole-vocabulary branch has run in this
+// process (tests, docs). Tests may set the plan to 1: each pass then collects only the bucket that
+// asked for it, so every other bucket that needs its ids later takes a pass of its own.
+int64_t bucket_top_p_collections();
+int bucket_top_p_plan();
+void set_bucket_top_p_plan(int v);
 
 // About how many w[i] >= c: every fourth block of 16 counted, times 4 (a guide only).
 int64_t estimate_count_at_least(const float* w, int64_t n, float c);

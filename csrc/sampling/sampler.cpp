@@ -520,7 +520,7 @@ bool Sampler::select_buckets(const float* a, int64_t n, float m, float lowest, b
     // approximates differently, e.g. binade_logit_total_rcp, must pass its own bound here).
     const BucketTopPInput in{a, n, m, lowest, all_finite, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
     if (!bucket_.select(in)) return false;
-    c_ = Candidates{true, c_.no_draw, bucket_.last(), bucket_.ids(), nullptr, bucket_.count(), bucket_.sum()};
+    c_ = Candidates{true, c_.no_draw, bucket_.last(), nullptr, nullptr, bucket_.count(), bucket_.sum()};
     c_.buckets = &bucket_;
     return true;
 }
@@ -536,7 +536,7 @@ bool Sampler::select_prefix_buckets(const float* a, float m, float floor, float 
     in.sub = ids_.data();
     in.sub_vals = vals_.data();
     if (!bucket_.select(in)) return false;   // no stop inside the prefix: the sorted path decides
-    c_ = Candidates{true, c_.no_draw, bucket_.last(), bucket_.ids(), nullptr, bucket_.count(), bucket_.sum()};
+    c_ = Candidates{true, c_.no_draw, bucket_.last(), nullptr, nullptr, bucket_.count(), bucket_.sum()};
     c_.buckets = &bucket_;
     return true;
 }
@@ -775,7 +775,7 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
         ~Reset() { into = nullptr; }   // also if select throws: sample() must never write there
     } reset{exact_into_};
     const Candidates& c = select(a, n, p);
-    if (!c.draw || c.ids) std::fill(probs, probs + n, 0.0f);   // else every entry is written below
+    if (!c.draw || c.ids || c.buckets) std::fill(probs, probs + n, 0.0f);   // else every entry is written below
     if (!c.draw) {
         probs[c.no_draw] = 1.0f;
         return;

@@ -43,7 +43,7 @@ struct Candidates {
     // Every kept weight is exactly 1 (all finite logits equal; ids, or token i itself): sums are
     // integers, so the draw's walk is arithmetic.
     bool ones = false;
-    // The kept tokens (ids, count, sum) come from the bucket partition: its walk and weights.
+    // The kept tokens (count, sum; ids null) come from the bucket partition: its walk and weights.
     BucketTopP* buckets = nullptr;
     int32_t id(int64_t i) const { return ids ? ids[i] : (int32_t)i; }
 };

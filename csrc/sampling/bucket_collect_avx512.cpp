@@ -1,0 +1,49 @@
+// The collection pass with AVX-512: 32 bucket indices per step looked up in a bitmap of the wanted
+// buckets held in eight registers (256 words of 16 bits: buckets 0..4095). The hits' positions
+// are compressed into a list without a branch (the tokens of wanted buckets lie anywhere, so a
+// branch per vector would mispredict), then written into their buckets in one tight loop.
+#include <immintrin.h>
+
+#include "sampling/bucket_collect.h"
+
+namespace ds4 {
+
+void bucket_collect_avx512(const uint16_t* bix, int64_t n, const uint8_t* want, int nb, uint32_t* cur, int32_t* ids,
+                           int32_t* hits) {
+    alignas(64) uint16_t words[256] = {};
+    for (int k = 0; k < nb && k < 4096; ++k)
+        if (want[k]) words[k >> 4] = (uint16_t)(words[k >> 4] | (1u << (k & 15)));
+    __m512i t[8];
+    for (int j = 0; j < 8; ++j) t[j] = _mm512_load_si512((const void*)(words + 32 * j));
+    const __m512i limit = _mm512_set1_epi16((short)nb), one = _mm512_set1_epi16(1), low4 = _mm512_set1_epi16(15);
+    const __m512i b6 = _mm512_set1_epi16(64), b7 = _mm512_set1_epi16(128);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t h = 0, i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512i b = _mm512_loadu_si512((const void*)(bix + i));
+        const __m512i wi = _mm512_srli_epi16(b, 4);   // the word; its low 6 bits pick among 64
+        const __m512i w01 = _mm512_permutex2var_epi16(t[0], wi, t[1]);
+        const __m512i w23 = _mm512_permutex2var_epi16(t[2], wi, t[3]);
+        const __m512i w45 = _mm512_permutex2var_epi16(t[4], wi, t[5]);
+        const __m512i w67 = _mm512_permutex2var_epi16(t[6], wi, t[7]);
+        const __mmask32 m6 = _mm512_test_epi16_mask(wi, b6), m7 = _mm512_test_epi16_mask(wi, b7);
+        const __m512i w = _mm512_mask_blend_epi16(m7, _mm512_mask_blend_epi16(m6, w01, w23),
+                                                  _mm512_mask_blend_epi16(m6, w45, w67));
+        const __m512i bit = _mm512_sllv_epi16(one, _mm512_and_si512(b, low4));
+        // (an index >= nb, a token that is not finite, would wrap around the table: masked off)
+        const uint32_t hit = (uint32_t)(_mm512_test_epi16_mask(w, bit) & _mm512_cmplt_epu16_mask(b, limit));
+        const __m512i p0 = _mm512_add_epi32(iota, _mm512_set1_epi32((int)i));
+        const __m512i p1 = _mm512_add_epi32(p0, _mm512_set1_epi32(16));
+        _mm512_storeu_si512((void*)(hits + h), _mm512_maskz_compress_epi32((__mmask16)hit, p0));
+        h += __builtin_popcount(hit & 0xFFFFu);
+        _mm512_storeu_si512((void*)(hits + h), _mm512_maskz_compress_epi32((__mmask16)(hit >> 16), p1));
+        h += __builtin_popcount(hit >> 16);
+    }
+    for (int64_t j = 0; j < h; ++j) {
+        const int32_t p = hits[j];
+        ids[cur[bix[p]]++] = p;
+    }
+    bucket_collect_from(bix, i, n, want, cur, ids);
+}
+
+}  // namespace ds4
