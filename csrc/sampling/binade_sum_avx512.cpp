@@ -421,66 +421,50 @@ int64_t walk(const Src& src, const float* wa, int64_t n, float r) {
 
 float binade_seq_sum_avx512(const float* w, int64_t n) { return total(Weights{w}, n, nullptr); }
 
-// The whole-vocabulary total on the thread pool. The serial loop above needs, per chunk, only the
-// unit of the running sum at its start, and that is almost always the unit of the approximate
-// prefix sum there. So: (1) in parallel, every chunk's approximate weights and their sum;
-// (2) the prefix sums predict each chunk's unit; (3) in parallel, every chunk's units at the
-// predicted unit (units_of, the same test as the serial loop); (4) serially, each chunk whose
-// actual running sum has the predicted unit adds its units exactly as the serial loop would, and
-// any other chunk runs the serial loop's own steps. The result is the serial loop's, bit for bit.
+namespace {
+
+// One chunk of kBinadeChunk terms in the parallel sums below.
+struct PredictedChunk {
+    float approx_sum;   // of the chunk's terms: what the prediction of the next chunk's unit adds
+    bool skip;          // every term 0: s + 0 = s, as add_span
+    bool ok;            // `units` are certain at `u`
+    int32_t units;
+    float u;            // the predicted unit of the running sum at the chunk's start; 0: none
+};
+
+// The caller's scratch; the workers see it through the reference.
+std::vector<PredictedChunk>& predicted_chunks(int64_t n_chunks) {
+    static thread_local std::vector<PredictedChunk> per_thread;
+    per_thread.resize((size_t)n_chunks);
+    return per_thread;
+}
+
+// Steps (2)-(4) of total_parallel (below), once every chunk's approx_sum and skip are set.
 template <class Src>
-float total_parallel(const Src& x, int64_t n, float* wa, ThreadPool& pool) {
-    const int64_t chunk = kChunkBlocks * kLanes;
-    const int64_t n_chunks = n / chunk;
-    struct ChunkInfo {
-        float approx_sum;
-        bool zero, ok;
-        int32_t units;
-        float u;
-    };
-    static thread_local std::vector<ChunkInfo> per_thread;   // the caller's; workers see it through `info`
-    std::vector<ChunkInfo>& info = per_thread;
-    info.resize((size_t)n_chunks);
-    pool.parallel_for(n_chunks, [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-            float* out = wa + c * chunk;
-            ChunkInfo& ci = info[(size_t)c];
-            ci.zero = zero_blocks(x, c * chunk, kChunkBlocks);
-            if (ci.zero) {
-                std::memset(out, 0, sizeof(float) * chunk);
-                ci.approx_sum = 0.0f;
-                continue;
-            }
-            __m512 acc = _mm512_setzero_ps();
-            for (int k = 0; k < chunk; k += kLanes) {
-                const __m512 w = approx_exp(x.load_approx(c * chunk + k));
-                _mm512_storeu_ps(out + k, w);
-                acc = _mm512_add_ps(acc, w);
-            }
-            ci.approx_sum = _mm512_reduce_add_ps(acc);
-        }
-    }, 64);
+float sum_at_predicted_units(const Src& x, int64_t n, float* wa, std::vector<PredictedChunk>& info,
+                             ThreadPool& pool) {
+    const int64_t chunk = kBinadeChunk;
+    const int64_t n_chunks = (int64_t)info.size();
     double prefix = 0.0;
-    for (int64_t c = 0; c < n_chunks; ++c) {
-        ChunkInfo& ci = info[(size_t)c];
+    for (PredictedChunk& ci : info) {
         const float p = (float)prefix;
         ci.u = (p >= binade::kModelMin && p <= binade::kModelMax) ? binade::unit_of(p).u : 0.0f;
         prefix += ci.approx_sum;
     }
     pool.parallel_for(n_chunks, [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {
-            ChunkInfo& ci = info[(size_t)c];
+            PredictedChunk& ci = info[(size_t)c];
             ci.ok = false;
-            if (ci.zero || ci.u == 0.0f) continue;
+            if (ci.skip || ci.u == 0.0f) continue;
             const binade::Unit b = binade::unit_of(ci.u * 0x1p23f);
             ci.ok = units_of(x, c * chunk, wa, nullptr, kChunkBlocks, b.inv_u, ci.units);
         }
     }, 64);
     float s = 0.0f;
     for (int64_t c = 0; c < n_chunks; ++c) {
-        const ChunkInfo& ci = info[(size_t)c];
+        const PredictedChunk& ci = info[(size_t)c];
         const int64_t i = c * chunk;
-        if (ci.zero) continue;   // s + 0 = s, as add_span
+        if (ci.skip) continue;
         if (ci.ok && s >= binade::kModelMin && s <= binade::kModelMax) {
             const binade::Unit b = binade::unit_of(s);
             if (b.u == ci.u) {
@@ -498,56 +482,50 @@ float total_parallel(const Src& x, int64_t n, float* wa, ThreadPool& pool) {
     return s;
 }
 
-float binade_seq_sum_guided_avx512(const float* w, int64_t n, const float* chunk_sum, ThreadPool& pool) {
-    // total_parallel's steps (2)-(4) over exact terms whose chunk sums the caller took: the units
-    // of every chunk at its predicted unit on the pool, then the serial pass.
+}  // namespace
+
+// The whole-vocabulary total on the thread pool. The serial loop above needs, per chunk, only the
+// unit of the running sum at its start, and that is almost always the unit of the approximate
+// prefix sum there. So: (1) in parallel, every chunk's approximate weights and their sum;
+// (2) the prefix sums predict each chunk's unit; (3) in parallel, every chunk's units at the
+// predicted unit (units_of, the same test as the serial loop); (4) serially, each chunk whose
+// actual running sum has the predicted unit adds its units exactly as the serial loop would, and
+// any other chunk runs the serial loop's own steps. The result is the serial loop's, bit for bit.
+template <class Src>
+float total_parallel(const Src& x, int64_t n, float* wa, ThreadPool& pool) {
     static_assert(kBinadeChunk == kChunkBlocks * kLanes, "binade_sum.h's chunk");
     const int64_t chunk = kBinadeChunk;
-    const int64_t n_chunks = n / chunk;
-    struct ChunkInfo {
-        bool ok;
-        int32_t units;
-        float u;
-    };
-    static thread_local std::vector<ChunkInfo> per_thread;   // the caller's; workers see it through `info`
-    std::vector<ChunkInfo>& info = per_thread;
-    info.resize((size_t)n_chunks);
-    double prefix = 0.0;
-    for (int64_t c = 0; c < n_chunks; ++c) {
-        const float p = (float)prefix;
-        info[(size_t)c].u = (p >= binade::kModelMin && p <= binade::kModelMax) ? binade::unit_of(p).u : 0.0f;
-        prefix += chunk_sum[c];
-    }
-    const Weights src{w};
-    pool.parallel_for(n_chunks, [&](int64_t c0, int64_t c1) {
+    std::vector<PredictedChunk>& info = predicted_chunks(n / chunk);
+    pool.parallel_for((int64_t)info.size(), [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {
-            ChunkInfo& ci = info[(size_t)c];
-            ci.ok = false;
-            if (chunk_sum[c] == 0.0f || ci.u == 0.0f) continue;
-            const binade::Unit b = binade::unit_of(ci.u * 0x1p23f);
-            ci.ok = units_of(src, c * chunk, nullptr, nullptr, kChunkBlocks, b.inv_u, ci.units);
+            float* out = wa + c * chunk;
+            PredictedChunk& ci = info[(size_t)c];
+            ci.skip = zero_blocks(x, c * chunk, kChunkBlocks);
+            if (ci.skip) {
+                std::memset(out, 0, sizeof(float) * chunk);
+                ci.approx_sum = 0.0f;
+                continue;
+            }
+            __m512 acc = _mm512_setzero_ps();
+            for (int k = 0; k < chunk; k += kLanes) {
+                const __m512 w = approx_exp(x.load_approx(c * chunk + k));
+                _mm512_storeu_ps(out + k, w);
+                acc = _mm512_add_ps(acc, w);
+            }
+            ci.approx_sum = _mm512_reduce_add_ps(acc);
         }
     }, 64);
-    float s = 0.0f;
-    for (int64_t c = 0; c < n_chunks; ++c) {
-        const ChunkInfo& ci = info[(size_t)c];
-        const int64_t i = c * chunk;
-        if (chunk_sum[c] == 0.0f) continue;   // every term 0 (terms >= 0): s + 0 = s
-        if (ci.ok && s >= binade::kModelMin && s <= binade::kModelMax) {
-            const binade::Unit b = binade::unit_of(s);
-            if (b.u == ci.u) {
-                const int32_t S = (int32_t)(s * b.inv_u) + ci.units;
-                if (S < (1 << 24)) {
-                    s = (float)S * b.u;
-                    continue;
-                }
-            }
-        }
-        for (int64_t k = i; k < i + chunk; k += kLanes)   // the serial loop's steps
-            if (!add_span(src, k, nullptr, 1, s)) add_plain(src, k, nullptr, kLanes, s);
+    return sum_at_predicted_units(x, n, wa, info, pool);
+}
+
+float binade_seq_sum_guided_avx512(const float* w, int64_t n, const float* chunk_sum, ThreadPool& pool) {
+    // total_parallel's steps (2)-(4) over exact terms whose chunk sums the caller took.
+    std::vector<PredictedChunk>& info = predicted_chunks(n / kBinadeChunk);
+    for (size_t c = 0; c < info.size(); ++c) {
+        info[c].approx_sum = chunk_sum[c];
+        info[c].skip = chunk_sum[c] == 0.0f;   // every term 0 (terms >= 0)
     }
-    for (int64_t i = n_chunks * chunk; i < n; i += chunk) add_plain(src, i, nullptr, std::min<int64_t>(chunk, n - i), s);
-    return s;
+    return sum_at_predicted_units(Weights{w}, n, nullptr, info, pool);
 }
 
 float binade_weight_total_avx512(const float* x, int64_t n, float* wa) {
