@@ -5,14 +5,10 @@ switch off (common/decode_switches.h) must give the same logits and payload as w
 
 from __future__ import annotations
 
-import hashlib
-
-import numpy as np
 import pytest
 
-import ds4
 import ds4._core as core
-import ds4.testing
+from _decode_bits import decode_digest
 
 ALL_OFF = dict(tapered=False, warm_hc=False, prewake=False)
 ALL_ON = dict(tapered=True, warm_hc=True, prewake=True)
@@ -65,21 +61,9 @@ def test_side_job_on_one_thread_runs_nothing(restore_threads):
     assert core._side_job(10, 10, 10, 1_000)[:3] == (0, 0, 0)
 
 
-def _decode_digest(model: str, threads: int) -> tuple[str, str]:
-    eng = ds4.Engine(ds4.testing.cached_model(model), threads=threads)
-    s = eng.session(ctx=64)
-    rng = np.random.default_rng(1)
-    s.sync(rng.integers(0, eng.shape.n_vocab, 6).tolist())
-    h = hashlib.sha256()
-    for t in rng.integers(0, eng.shape.n_vocab, 8).tolist():
-        s.eval(int(t))
-        h.update(np.ascontiguousarray(s.logits).tobytes())
-    return h.hexdigest(), hashlib.sha256(s.save_payload()).hexdigest()
-
-
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_decode_bits_do_not_depend_on_the_switches(threads, restore_switches):
     core._decode_switches(**ALL_OFF)
-    off = _decode_digest("tiny", threads)
+    off = decode_digest("tiny", threads, seed=1)
     core._decode_switches(**ALL_ON)
-    assert _decode_digest("tiny", threads) == off
+    assert decode_digest("tiny", threads, seed=1) == off

@@ -942,6 +942,12 @@ def _check_buckets(a, w, total, top_p, rs, buckets, wa=None, rel=0.0, floor=None
     if floor is not None:
         with np.errstate(invalid="ignore"):
             a = np.where(~(a >= F(floor)), np.float32(-np.inf), a)   # outside the prefix (NaN too)
+    return _partition_matches_sorted(got, a, w, total, top_p, rs)
+
+
+def _partition_matches_sorted(got, a, w, total, top_p, rs):
+    """``_bucket_top_p``'s result against the sorted loops over the finite tokens of ``a``: the
+    kept count, sum bits, kept set and walk picks, or None on both sides. Returns the kept count."""
     want = _plain_top_p(a, w, total, top_p, rs)
     if want is None:
         assert got is None

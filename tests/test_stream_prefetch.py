@@ -8,18 +8,15 @@ matvec, in LinearGroup's single dispatch and in a whole decode."""
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from hypothesis import given, settings, strategies as st
 
-import ds4
 import ds4._core as core
-import ds4.testing
 from ds4.errors import InvalidArgumentError
 from test_quant_blocks import activation, random_weights
+from _decode_bits import decode_digest
 
 DEFAULT = 16384
 HALF_DEFAULT = 8192
@@ -129,22 +126,10 @@ def test_linear_group_members_equal_linear_for_any_distance(threads, restore):
                     assert np.array_equal(_bits(g), _bits(e)), f"{path}, member {i}, prefetch {d} / {dh} / {inline}"
 
 
-def _decode_digest(threads: int) -> tuple[str, str]:
-    eng = ds4.Engine(ds4.testing.cached_model("tiny"), threads=threads)
-    s = eng.session(ctx=64)
-    rng = np.random.default_rng(3)
-    s.sync(rng.integers(0, eng.shape.n_vocab, 6).tolist())
-    h = hashlib.sha256()
-    for t in rng.integers(0, eng.shape.n_vocab, 8).tolist():
-        s.eval(int(t))
-        h.update(np.ascontiguousarray(s.logits).tobytes())
-    return h.hexdigest(), hashlib.sha256(s.save_payload()).hexdigest()
-
-
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_decode_bits_do_not_depend_on_the_distance(threads, restore):
     core._decode_switches(q8_prefetch=DEFAULT, half_prefetch=HALF_DEFAULT)
-    want = _decode_digest(threads)
+    want = decode_digest("tiny", threads, seed=3)
     for d, dh, inline in ((0, 0, True), (3072, 2048, False), (DEFAULT, HALF_DEFAULT, False)):
         core._decode_switches(q8_prefetch=d, half_prefetch=dh, q8_prefetch_inline=inline)
-        assert _decode_digest(threads) == want, f"prefetch {d} / {dh} / inline {inline}"
+        assert decode_digest("tiny", threads, seed=3) == want, f"prefetch {d} / {dh} / inline {inline}"
