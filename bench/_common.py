@@ -26,6 +26,7 @@ __all__ = [
     "Result",
     "add_common_args",
     "copy_bandwidth",
+    "decode_switch_ab",
     "read_bandwidth",
     "machine_info",
     "measure",
@@ -177,3 +178,36 @@ def report(results: Sequence[Result], machine: dict, args: argparse.Namespace, c
         tmp.write_text(json.dumps(payload, indent=1))
         tmp.replace(args.json)
         print(f"wrote {args.json}")
+
+
+def decode_switch_ab(eng, configs: dict[str, dict], rounds: int, block: int) -> dict[str, list[list[tuple[float, float]]]]:
+    """Decode-step A/B inside one process: one session of ``eng`` decodes random tokens after a
+    16-token prompt, and each round runs ``block`` steps under every config's decode switches
+    (``ds4._core._decode_switches``; forward order on even rounds, reversed on odd ones, so every
+    config sees the same machine). Returns, per config, per round, each step's (wall, process CPU)
+    seconds. The switches are restored afterwards."""
+    import ds4._core as core
+
+    names = list(configs)
+    n_steps = rounds * len(names) * block + 4
+    s = eng.session(ctx=n_steps + 32)
+    rng = np.random.default_rng(0)
+    s.sync(rng.integers(0, eng.shape.n_vocab, 16).tolist())
+    toks = iter(rng.integers(0, eng.shape.n_vocab, n_steps).tolist())
+    for _ in range(4):
+        s.eval(int(next(toks)))
+    res: dict[str, list[list[tuple[float, float]]]] = {c: [] for c in names}
+    before = core._decode_switches()
+    try:
+        for r in range(rounds):
+            for c in names if r % 2 == 0 else names[::-1]:
+                core._decode_switches(**configs[c])
+                steps = []
+                for _ in range(block):
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    s.eval(int(next(toks)))
+                    steps.append((time.perf_counter() - t0, time.process_time() - c0))
+                res[c].append(steps)
+    finally:
+        core._decode_switches(**before)
+    return res

@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import numpy as np
+
+from _common import decode_switch_ab
 
 CONFIGS = {
     "off": dict(tapered=False, warm_hc=False, prewake=False),
@@ -36,31 +37,12 @@ def main() -> int:
     args = ap.parse_args()
 
     import ds4
-    import ds4._core as core
     import ds4.testing
 
     names = args.configs.split(",")
     eng = ds4.Engine(ds4.testing.cached_model(args.model), threads=args.threads)
-    n_steps = args.rounds * len(names) * args.block + 4
-    s = eng.session(ctx=n_steps + 32)
-    rng = np.random.default_rng(0)
-    s.sync(rng.integers(0, eng.shape.n_vocab, 16).tolist())
-    toks = iter(rng.integers(0, eng.shape.n_vocab, n_steps).tolist())
-    for _ in range(4):
-        s.eval(int(next(toks)))
-    res = {c: ([], []) for c in names}
-    before = core._decode_switches()
-    try:
-        for r in range(args.rounds):
-            for c in names if r % 2 == 0 else names[::-1]:
-                core._decode_switches(**CONFIGS[c])
-                for _ in range(args.block):
-                    c0, t0 = time.process_time(), time.perf_counter()
-                    s.eval(int(next(toks)))
-                    res[c][0].append(time.perf_counter() - t0)
-                    res[c][1].append(time.process_time() - c0)
-    finally:
-        core._decode_switches(**before)
+    runs = decode_switch_ab(eng, {c: CONFIGS[c] for c in names}, args.rounds, args.block)
+    res = {c: ([w for b in runs[c] for w, _ in b], [cpu for b in runs[c] for _, cpu in b]) for c in names}
     print(f"{args.model}, {args.threads} threads: {args.rounds} rounds x {args.block} steps per setting, "
           f"load average {os.getloadavg()[0]:.1f}")
     base = statistics.median(res[names[0]][1])

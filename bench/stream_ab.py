@@ -27,13 +27,15 @@ import time
 
 import numpy as np
 
+from _common import decode_switch_ab
+
 
 def _switches(setting: str) -> dict:
     """'Q8[:HALF[:burst]]' -> the decode switches: bytes ahead for Q8_0 rows and for F16/BF16
     tiles; `burst`: the Q8_0 prefetches issued by matvec before each row instead of inside the
     one-activation kernel (q8_prefetch_inline off)."""
-    q8, half, *rest = setting.split(":") + [""]
-    out = dict(q8_prefetch=int(q8), q8_prefetch_inline=rest[0] != "burst")
+    q8, half, burst = (setting.split(":") + ["", ""])[:3]
+    out = dict(q8_prefetch=int(q8), q8_prefetch_inline=burst != "burst")
     if half:
         out["half_prefetch"] = int(half)
     return out
@@ -94,32 +96,12 @@ def head_ab(model_path, settings: list[str], rounds: int) -> None:
 
 def decode_ab(model_path, settings: list[str], rounds: int, block: int, threads: int) -> None:
     import ds4
-    import ds4._core as core
 
     names = [f"pf{s}" for s in settings]
     eng = ds4.Engine(model_path, threads=threads)
-    n_steps = rounds * len(names) * block + 4
-    s = eng.session(ctx=n_steps + 32)
-    rng = np.random.default_rng(0)
-    s.sync(rng.integers(0, eng.shape.n_vocab, 16).tolist())
-    toks = iter(rng.integers(0, eng.shape.n_vocab, n_steps).tolist())
-    for _ in range(4):
-        s.eval(int(next(toks)))
-    res = {c: [] for c in names}
-    before = core._decode_switches()
-    try:
-        for r in range(rounds):
-            for c in names if r % 2 == 0 else names[::-1]:
-                core._decode_switches(**_switches(c[2:]))
-                cp, w = [], []
-                for _ in range(block):
-                    c0, t0 = time.process_time(), time.perf_counter()
-                    s.eval(int(next(toks)))
-                    w.append(time.perf_counter() - t0)
-                    cp.append(time.process_time() - c0)
-                res[c].append((statistics.median(cp), statistics.median(w)))
-    finally:
-        core._decode_switches(**before)
+    runs = decode_switch_ab(eng, {c: _switches(c[2:]) for c in names}, rounds, block)
+    res = {c: [(statistics.median(cpu for _, cpu in b), statistics.median(w for w, _ in b)) for b in runs[c]]
+           for c in names}
     _report(f"decode: {threads} threads, {rounds} rounds x {block} steps per setting (per-block medians), "
             f"load average {os.getloadavg()[0]:.1f}", res, names, None)
 

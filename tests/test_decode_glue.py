@@ -5,10 +5,15 @@ switch off (common/decode_switches.h) must give the same logits and payload as w
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import ds4._core as core
 from _decode_bits import decode_digest
+from _installed import installed_env
 
 ALL_OFF = dict(tapered=False, warm_hc=False, prewake=False)
 ALL_ON = dict(tapered=True, warm_hc=True, prewake=True)
@@ -67,3 +72,18 @@ def test_decode_bits_do_not_depend_on_the_switches(threads, restore_switches):
     off = decode_digest("tiny", threads, seed=1)
     core._decode_switches(**ALL_ON)
     assert decode_digest("tiny", threads, seed=1) == off
+
+
+@pytest.mark.parametrize("script, args, expect", [
+    ("decode_glue_ab.py", ["--configs", "off,on"], ["  off ", "  on "]),
+    ("stream_ab.py", ["--prefetch", "3072,16384:8192:burst"], ["pf3072 ", "pf16384:8192:burst ", "decode:"]),
+])
+def test_in_process_ab_benches_run(script, args, expect):
+    # The A/B benches the docs give as the quiet-machine commands (bench/_common.py decode_switch_ab):
+    # two rounds on `tiny`, each setting reported; they restore the switches they change.
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, str(root / "bench" / script), "--model", "tiny", "--rounds", "2",
+                          "--block", "2", *args], capture_output=True, text=True, timeout=300, env=installed_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    for e in expect:
+        assert e in out.stdout, out.stdout
