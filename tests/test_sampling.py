@@ -1133,6 +1133,17 @@ def test_sampler_bucket_branch_with_two_sampler_threads(kind):
 # ---- the fourth round of issue 14: a certified exponential, reciprocal arguments at T != 1 -------
 
 
+def _exp_weights_match_scalar_on(name: str, count: int) -> None:
+    """exp_weights bit for bit the scalar evaluation on tests/data/<name> (hex float bits, one a
+    line, ``count`` of them), each argument filling a whole vector of 8."""
+    path = Path(__file__).parent / "data" / name
+    bits = np.array([int(line, 16) for line in path.read_text().split()], dtype=np.uint32)
+    assert bits.size == count
+    x = np.repeat(bits.view(np.float32), 8)
+    got, want = _core()._exp_weights(x).view(np.uint32), _scalar_exp_weights(x).view(np.uint32)
+    assert np.array_equal(got, want), f"{np.count_nonzero(got != want) // 8} arguments differ"
+
+
 def test_exp_weights_near_float_midpoints():
     # exp_weights' AVX-512 build takes a cheaper double evaluation wherever it can certify the
     # float rounding (csrc/sampling/exp_certified_avx512.h; docs/sampling.md). These are all 1,040
@@ -1142,12 +1153,7 @@ def test_exp_weights_near_float_midpoints():
     # Bit for bit the scalar evaluation. Caught (tried): the certificate's window cut from 2^13 to
     # 2^4 ulps (27 of 1,040 differ), a degree-4 polynomial (96), ln2/16's low part dropped (199).
     # (Every float argument in [-105, 0] was checked once: scripts/check_exp_certified.cpp.)
-    path = Path(__file__).parent / "data" / "exp_near_midpoints.txt"
-    bits = np.array([int(line, 16) for line in path.read_text().split()], dtype=np.uint32)
-    assert bits.size == 1040
-    x = np.repeat(bits.view(np.float32), 8)
-    got, want = _core()._exp_weights(x).view(np.uint32), _scalar_exp_weights(x).view(np.uint32)
-    assert np.array_equal(got, want), f"{np.count_nonzero(got != want) // 8} arguments differ"
+    _exp_weights_match_scalar_on("exp_near_midpoints.txt", 1040)
 
 
 def test_exp_weights_around_the_certificates_window():
@@ -1159,12 +1165,7 @@ def test_exp_weights_around_the_certificates_window():
     # evaluation; caught (tried): the window cut to 2^14 ulps (24 of 3,000 differ), Taylor's
     # degree-4 coefficients in place of the fitted ones (151), ln2/16 rounded to 40 bits in the
     # reduction (205).
-    path = Path(__file__).parent / "data" / "exp_near_window.txt"
-    bits = np.array([int(line, 16) for line in path.read_text().split()], dtype=np.uint32)
-    assert bits.size == 3000
-    x = np.repeat(bits.view(np.float32), 8)
-    got, want = _core()._exp_weights(x).view(np.uint32), _scalar_exp_weights(x).view(np.uint32)
-    assert np.array_equal(got, want), f"{np.count_nonzero(got != want) // 8} arguments differ"
+    _exp_weights_match_scalar_on("exp_near_window.txt", 3000)
 
 
 def _approximates() -> bool:

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ds4.sampling import Rng, probabilities, sample
-from test_sampling import (F, _core, _partition_matches_sorted, _plain_sum, _vocab_logits, plain_probabilities,
-                           plain_sample)
+from test_sampling import (F, _BucketsAlways, _core, _partition_matches_sorted, _plain_sum, _vocab_logits,
+                           plain_probabilities, plain_sample)
 
 
 def _weights(a, t):
@@ -140,15 +140,6 @@ def test_a_bucket_of_equal_weights_on_a_half_unit_is_refused():
         for plan in (0, 1):
             with _Plan(plan):
                 assert _check_bounded(a, 1.0, top_p, rs, 4096) is not None
-
-
-class _BucketsAlways:
-    def __enter__(self):
-        self.old = _core()._bucket_top_p_min_kept()
-        _core()._set_bucket_top_p_min_kept(0.0)
-
-    def __exit__(self, *exc):
-        _core()._set_bucket_top_p_min_kept(self.old)
 
 
 @pytest.mark.parametrize("plan", [0, 1])

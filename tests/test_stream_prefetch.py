@@ -8,6 +8,8 @@ matvec, in LinearGroup's single dispatch and in a whole decode."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -24,13 +26,29 @@ HALF_DEFAULT = 8192
 DISTANCES = (0, 32, 3072, DEFAULT, 1 << 20)
 
 
+@contextlib.contextmanager
+def _kept_core_state():
+    """Threads, SIMD path and decode switches as they were, whatever the body sets (the hypothesis
+    tests cannot take a function-scoped fixture)."""
+    threads, path, switches = core.threads(), core.simd_path(), core._decode_switches()
+    try:
+        yield
+    finally:
+        core.set_threads(threads)
+        core.set_simd_path(path)
+        core._decode_switches(**switches)
+
+
 @pytest.fixture
 def restore():
-    threads, path, switches = core.threads(), core.simd_path(), core._decode_switches()
-    yield
-    core.set_threads(threads)
-    core.set_simd_path(path)
-    core._decode_switches(**switches)
+    with _kept_core_state():
+        yield
+
+
+def _one_row_at_a_time(qtype, w, n: int, rows: int, x) -> np.ndarray:
+    """The row kernel's result for every row: one matvec call per row."""
+    rb = len(w) // rows
+    return np.concatenate([core.matvec(int(qtype), w[r * rb:(r + 1) * rb], (n, 1), x) for r in range(rows)])
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -57,25 +75,19 @@ def test_matvec_rows_are_the_row_kernel_for_any_distance(rows, blocks, threads, 
     n = 32 * blocks
     w = random_weights(Q.Q8_0, n, rows, seed)
     x = activation(n, seed + 1, "normal")
-    rb = len(w) // rows
-    before = (core.threads(), core.simd_path(), core._decode_switches())
-    try:
+    with _kept_core_state():
         core.set_threads(threads)
         for path in core.simd_paths():
             core.set_simd_path(path)
             # One row per call: the row kernel's result for each row, whatever the distance.
             core._decode_switches(q8_prefetch=DEFAULT)
-            want = np.concatenate([core.matvec(int(Q.Q8_0), w[r * rb:(r + 1) * rb], (n, 1), x) for r in range(rows)])
+            want = _one_row_at_a_time(Q.Q8_0, w, n, rows, x)
             for d in DISTANCES:
                 for inline in (True, False):
                     core._decode_switches(q8_prefetch=d, q8_prefetch_inline=inline)
                     got = core.matvec(int(Q.Q8_0), w, (n, rows), x)
                     assert np.array_equal(_bits(got), _bits(want)), \
                         f"{path}, {threads} threads, q8_prefetch={d}, inline={inline}"
-    finally:
-        core.set_threads(before[0])
-        core.set_simd_path(before[1])
-        core._decode_switches(**before[2])
 
 
 @settings(max_examples=8, deadline=None, derandomize=True)
@@ -86,22 +98,16 @@ def test_half_matvec_rows_are_the_row_kernel_for_any_distance(qtype, rows, n, th
     8-row groups (activation over 16 KiB); n=16 and 48 leave only the tail loop or one step."""
     w = random_weights(qtype, n, rows, seed)
     x = activation(n, seed + 1, "normal")
-    rb = len(w) // rows
-    before = (core.threads(), core.simd_path(), core._decode_switches())
-    try:
+    with _kept_core_state():
         core.set_threads(threads)
         for path in core.simd_paths():
             core.set_simd_path(path)
             core._decode_switches(half_prefetch=HALF_DEFAULT)
-            want = np.concatenate([core.matvec(int(qtype), w[r * rb:(r + 1) * rb], (n, 1), x) for r in range(rows)])
+            want = _one_row_at_a_time(qtype, w, n, rows, x)
             for d in DISTANCES:
                 core._decode_switches(half_prefetch=d)
                 got = core.matvec(int(qtype), w, (n, rows), x)
                 assert np.array_equal(_bits(got), _bits(want)), f"{path}, {threads} threads, half_prefetch={d}"
-    finally:
-        core.set_threads(before[0])
-        core.set_simd_path(before[1])
-        core._decode_switches(**before[2])
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
