@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <vector>
 #include <utility>
 
@@ -71,12 +72,9 @@ void init_sampling(py::module_& m) {
               int32_t tok;
               {
                   py::gil_scoped_release nogil;
-                  if (po.set) {
-                      ds4::SamplingPoolScope scope(po.pool);
-                      tok = thread_sampler().sample(a, n, sp, state);
-                  } else {
-                      tok = thread_sampler().sample(a, n, sp, state);
-                  }
+                  std::optional<ds4::SamplingPoolScope> scope;
+                  if (po.set) scope.emplace(po.pool);
+                  tok = thread_sampler().sample(a, n, sp, state);
               }
               return std::make_pair(tok, state);
           },
@@ -92,12 +90,9 @@ void init_sampling(py::module_& m) {
               const PoolOf po(pool_of);
               {
                   py::gil_scoped_release nogil;
-                  if (po.set) {
-                      ds4::SamplingPoolScope scope(po.pool);
-                      thread_sampler().probabilities(a, n, sp, o);
-                  } else {
-                      thread_sampler().probabilities(a, n, sp, o);
-                  }
+                  std::optional<ds4::SamplingPoolScope> scope;
+                  if (po.set) scope.emplace(po.pool);
+                  thread_sampler().probabilities(a, n, sp, o);
               }
               return out;
           },

@@ -275,6 +275,14 @@ bool BucketTopP::certified(int k, int64_t m, float inv_u, int64_t& r) const {
     return true;
 }
 
+// A bucket's m tokens as units of un at the running value S un: from the weight bounds when they
+// certify it, else from its tokens (their ids collected first).
+bool BucketTopP::units_at(int k, int64_t m, const binade::Unit& un, int64_t S, bool walk, int64_t& r) {
+    if (certified(k, m, un.inv_u, r)) return true;
+    need_ids(k, (float)S * un.u, walk);
+    return units(k, m, un.inv_u, r);
+}
+
 // Before a bucket's tokens are read: collect its ids, and in the same pass those of the buckets
 // the running value v is predicted to need next (plan).
 void BucketTopP::need_ids(int k, float v, bool walk) {
@@ -438,11 +446,7 @@ bool BucketTopP::select(const BucketTopPInput& in) {
         }
         if (fast) {
             int64_t R;
-            bool ok = certified(k, c, un.inv_u, R);
-            if (!ok) {
-                need_ids(k, (float)S * un.u, false);
-                ok = units(k, c, un.inv_u, R);
-            }
+            const bool ok = units_at(k, c, un, S, false, R);
             if (ok && S + R < lim) {
                 S += R;
                 continue;
@@ -480,11 +484,7 @@ int64_t BucketTopP::walk(float r) {
         }
         if (fast) {
             int64_t R;
-            bool ok = certified(k, m, un.inv_u, R);
-            if (!ok) {
-                need_ids(k, (float)S * un.u, true);
-                ok = units(k, m, un.inv_u, R);
-            }
+            const bool ok = units_at(k, m, un, S, true, R);
             if (ok && S - R >= (1 << 23) + 1) {
                 S -= R;
                 continue;

@@ -13,6 +13,10 @@
 
 namespace ds4 {
 
+namespace binade {
+struct Unit;   // binade_sum_impl.h
+}
+
 struct BucketTopPInput {
     const float* a = nullptr;   // the logits
     int64_t n = 0;
@@ -59,6 +63,8 @@ private:
     int64_t count(int k) const { return (int64_t)off_[k + 1] - off_[k]; }
     bool units(int k, int64_t m, float inv_u, int64_t& r);   // of the bucket's first m tokens
     bool certified(int k, int64_t m, float inv_u, int64_t& r) const;
+    // certified, else units after collecting the ids (S: the running value's unit count; walk: down)
+    bool units_at(int k, int64_t m, const binade::Unit& un, int64_t S, bool walk, int64_t& r);
     bool weight_bounds(int nb, float scale);
     void need_ids(int k, float v, bool walk);
     void plan(int k0, float v0, bool walk);
