@@ -9,6 +9,7 @@ void init_engine(py::module_& m);
 void init_session(py::module_& m);
 void init_hooks(py::module_& m);
 void init_sampling(py::module_& m);
+void init_logprobs(py::module_& m);
 void init_stage(py::module_& m);
 void init_backend_ops(py::module_& m);
 void init_timeline(py::module_& m);
@@ -22,6 +23,7 @@ PYBIND11_MODULE(_core, m) {
     init_hooks(m);
     init_session(m);
     init_sampling(m);
+    init_logprobs(m);
     init_stage(m);
     init_backend_ops(m);
     init_timeline(m);

@@ -1,0 +1,53 @@
+// The whole-vocabulary passes behind logprobs.h, one build per file (logprobs_generic.cpp, and
+// logprobs_avx512.cpp / logprobs_avx2.cpp chosen at run time); logprobs.cpp combines them.
+#pragma once
+#include <cstdint>
+
+namespace ds4 {
+namespace logprob_kernels {
+
+// Blocks of this many logits have their maxima taken by the stats pass (the top-k floor).
+constexpr int64_t kBlock = 256;
+
+// Arguments below this are counted as exp(kClamp) (docs/sampling.md, "Log-probabilities").
+constexpr double kClamp = -600.0;
+
+struct Stats {
+    float max;          // the largest finite logit (-inf when none is finite)
+    int64_t n_finite;
+};
+
+// exp(d) = 2^q 2^(j/16) exp(r), k = 16q + j, r = d - k ln2/16 with |r| <= ln2/32. 2^(j/16) is the
+// nearest double, stored as its bits minus j << 48 so that adding k << 48 gives 2^q 2^(j/16) with
+// one integer add (the low 4 bits of k pick j, the rest of k lands in the exponent); 2^q stays
+// normal for d >= kClamp.
+constexpr uint64_t table_entry(double v, int j) { return __builtin_bit_cast(uint64_t, v) - ((uint64_t)j << 48); }
+
+alignas(64) constexpr uint64_t kTable[16] = {
+    table_entry(0x1.0000000000000p+0, 0),  table_entry(0x1.0b5586cf9890fp+0, 1),
+    table_entry(0x1.172b83c7d517bp+0, 2),  table_entry(0x1.2387a6e756238p+0, 3),
+    table_entry(0x1.306fe0a31b715p+0, 4),  table_entry(0x1.3dea64c123422p+0, 5),
+    table_entry(0x1.4bfdad5362a27p+0, 6),  table_entry(0x1.5ab07dd485429p+0, 7),
+    table_entry(0x1.6a09e667f3bcdp+0, 8),  table_entry(0x1.7a11473eb0187p+0, 9),
+    table_entry(0x1.8ace5422aa0dbp+0, 10), table_entry(0x1.9c49182a3f090p+0, 11),
+    table_entry(0x1.ae89f995ad3adp+0, 12), table_entry(0x1.c199bdd85529cp+0, 13),
+    table_entry(0x1.d5818dcfba487p+0, 14), table_entry(0x1.ea4afa2a490dap+0, 15),
+};
+
+constexpr double kInvLn2_16 = 0x1.71547652b82fep+4;   // 16 / ln2
+constexpr double kShifter = 0x1.8p52;                 // adding 1.5 * 2^52 rounds to an integer
+// (e^r - 1) / r = 1 + r/2 + ... + r^6/7!: Taylor, truncation below 2^-54 relative for |r| <= ln2/32,
+// and it is multiplied by r (so below 2^-59 of the result).
+constexpr double kC[7] = {1.0, 0.5, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040};
+
+Stats stats_generic(const float* a, int64_t n, float* block_max);
+double exp_sum_generic(const float* a, int64_t n, float m, bool all_finite);
+void exp_generic(const double* d, double* out, int64_t n);
+#if defined(DS4_ARCH_X86)
+Stats stats_avx512(const float* a, int64_t n, float* block_max);
+double exp_sum_avx512(const float* a, int64_t n, float m, bool all_finite);
+void exp_avx512(const double* d, double* out, int64_t n);
+#endif
+
+}  // namespace logprob_kernels
+}  // namespace ds4
