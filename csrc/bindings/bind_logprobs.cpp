@@ -78,6 +78,8 @@ void init_logprobs(py::module_& m) {
               }
               return ok ? py::object(py::float_(lse)) : py::object(py::none());
           }, py::arg("logits"));
+    m.def("_logprob_sum", [](const Logits& logits) { return ds4::finite_exp_sum(logits.data(), logits.size()); },
+          py::arg("logits"), "the sum behind the log-sum-exp (tests)");
     m.def("_logprob_exp",
           [](const py::array_t<double, py::array::c_style | py::array::forcecast>& d) {
               py::array_t<double> out(d.size());

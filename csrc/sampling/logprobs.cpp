@@ -35,51 +35,20 @@ Stats stats(const float* a, int64_t n, float* block_max) {
     return stats_generic(a, n, block_max);
 }
 
-double exp_sum(const float* a, int64_t n, float m, bool all_finite) {
+double sum_of(const float* a, int64_t n, const Stats& st, Collect* col) {
+    const bool plain = st.n_finite == n && (double)st.min - (double)st.max >= kClamp;
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return exp_sum_avx512(a, n, m, all_finite);
+    if (sampling_avx512()) return exp_sum_avx512(a, n, st.max, plain, col);
 #endif
-    return exp_sum_generic(a, n, m, all_finite);
+    return exp_sum_generic(a, n, st.max, plain, col);
 }
 
-double lse_of(const float* a, int64_t n, const Stats& st) {
-    return (double)st.max + std::log(exp_sum(a, n, st.max, st.n_finite == n));
+double lse_of(const float* a, int64_t n, const Stats& st, Collect* col) {
+    return (double)st.max + std::log(sum_of(a, n, st, col));
 }
 
-// The k (<= finite count) best ids. The k-th largest block maximum is a floor: the k largest
-// maxima are k distinct finite logits at or above it, so the k best are too. Logits above it are
-// ranked; the first ones equal to it (id order) fill what is left. Fewer than k blocks with a
-// finite logit: every finite logit is ranked.
-int64_t select_top(const float* a, int64_t n, int64_t k, float* block_max, int32_t* ids) {
-    Scratch& s = scratch();
-    const int64_t n_blocks = (n + kBlock - 1) / kBlock;
-    float floor = -std::numeric_limits<float>::infinity();
-    if (k <= n_blocks) {
-        std::nth_element(block_max, block_max + (k - 1), block_max + n_blocks, std::greater<float>());
-        floor = block_max[k - 1];
-    }
-    const bool tie_fill = floor > -std::numeric_limits<float>::infinity();
-    if ((int64_t)s.above.size() < n + 16) {
-        s.above.resize((size_t)n + 16);
-        s.vals.resize((size_t)n + 16);
-    }
-    if ((int64_t)s.tied.size() < k + 16) s.tied.resize((size_t)k + 16);
-    int64_t n_tied = 0;
-    const int64_t n_above = collect_above_and_tied(a, n, floor, s.above.data(), s.vals.data(), tie_fill ? k : 0,
-                                                   s.tied.data(), &n_tied);
-    const float* vals = s.vals.data();
-    // positions into above/vals, ranked by logit descending then id ascending (ids ascend with the
-    // position: the collection keeps id order)
-    std::vector<int32_t>& pos = s.pos;
-    pos.resize((size_t)n_above);
-    for (int64_t i = 0; i < n_above; ++i) pos[(size_t)i] = (int32_t)i;
-    const int64_t ranked = std::min(n_above, k);
-    std::partial_sort(pos.begin(), pos.begin() + ranked, pos.end(),
-                      [vals](int32_t x, int32_t y) { return vals[x] > vals[y] || (vals[x] == vals[y] && x < y); });
-    int64_t out = 0;
-    for (; out < ranked; ++out) ids[out] = s.above[(size_t)pos[(size_t)out]];
-    for (int64_t t = 0; out < k && t < n_tied; ++t) ids[out++] = s.tied[(size_t)t];
-    return out;
+bool by_logit_then_id(const float* vals, int32_t x, int32_t y) {
+    return vals[x] > vals[y] || (vals[x] == vals[y] && x < y);
 }
 
 }  // namespace
@@ -89,18 +58,62 @@ bool finite_logsumexp(const float* a, int64_t n, double* lse) {
     s.block_max.resize((size_t)((n + kBlock - 1) / kBlock) + 1);
     const Stats st = stats(a, n, s.block_max.data());
     if (st.n_finite == 0) return false;
-    *lse = lse_of(a, n, st);
+    *lse = lse_of(a, n, st, nullptr);
     return true;
 }
 
-int64_t top_finite_logits(const float* a, int64_t n, int64_t k, int32_t* ids, double* lse) {
+double finite_exp_sum(const float* a, int64_t n) {
     Scratch& s = scratch();
     s.block_max.resize((size_t)((n + kBlock - 1) / kBlock) + 1);
     const Stats st = stats(a, n, s.block_max.data());
-    if (lse) *lse = st.n_finite ? lse_of(a, n, st) : std::numeric_limits<double>::quiet_NaN();
+    return st.n_finite ? sum_of(a, n, st, nullptr) : 0.0;
+}
+
+// The k-th largest block maximum is a floor: the k largest maxima are k distinct finite logits at
+// or above it, so the k best are too. The logits above it lie in the (at most k - 1) blocks whose
+// maximum is above it, so at most (k - 1) kBlock of them; they are ranked, and the first ones
+// equal to it (id order) fill what is left. They are collected during the exponential's pass. With
+// fewer than k blocks holding a finite logit, every finite logit is ranked (a pass of its own).
+int64_t top_finite_logits(const float* a, int64_t n, int64_t k, int32_t* ids, double* lse) {
+    Scratch& s = scratch();
+    const int64_t n_blocks = (n + kBlock - 1) / kBlock;
+    s.block_max.resize((size_t)n_blocks + 1);
+    const Stats st = stats(a, n, s.block_max.data());
     k = std::min(k, st.n_finite);
+    const float inf = std::numeric_limits<float>::infinity();
+    float floor = inf;   // nothing to collect
+    if (k > 0) {
+        floor = -inf;
+        if (k <= n_blocks) {
+            float* bm = s.block_max.data();
+            std::nth_element(bm, bm + (k - 1), bm + n_blocks, std::greater<float>());
+            floor = bm[k - 1];
+        }
+    }
+    const bool fused = floor > -inf;
+    const int64_t room = fused ? std::min(n, (k - 1) * kBlock) + 16 : n + 16;
+    if ((int64_t)s.above.size() < room) {
+        s.above.resize((size_t)room);
+        s.vals.resize((size_t)room);
+    }
+    if ((int64_t)s.tied.size() < k + 16) s.tied.resize((size_t)k + 16);
+    Collect col{floor, std::nextafter(floor, inf), fused && floor < inf ? k : 0, s.above.data(), s.vals.data(),
+                s.tied.data()};
+    if (lse) *lse = st.n_finite ? lse_of(a, n, st, fused ? &col : nullptr) : std::numeric_limits<double>::quiet_NaN();
     if (k <= 0) return 0;
-    return select_top(a, n, k, s.block_max.data(), ids);
+    if (!fused || !lse || st.n_finite == 0)
+        col.n_above = collect_above_and_tied(a, n, floor, col.above, col.vals, col.limit, col.tied, &col.n_tied);
+    const float* vals = col.vals;
+    std::vector<int32_t>& pos = s.pos;   // positions into above/vals (ids ascend with them)
+    pos.resize((size_t)col.n_above);
+    for (int64_t i = 0; i < col.n_above; ++i) pos[(size_t)i] = (int32_t)i;
+    const int64_t ranked = std::min(col.n_above, k);
+    std::partial_sort(pos.begin(), pos.begin() + ranked, pos.end(),
+                      [vals](int32_t x, int32_t y) { return by_logit_then_id(vals, x, y); });
+    int64_t out = 0;
+    for (; out < ranked; ++out) ids[out] = col.above[(size_t)pos[(size_t)out]];
+    for (int64_t t = 0; out < k && t < col.n_tied; ++t) ids[out++] = col.tied[(size_t)t];
+    return out;
 }
 
 void logprob_exp(const double* d, double* out, int64_t n) {

@@ -23,6 +23,10 @@ constexpr double kLogprobSumRel = 6.5 * 0x1p-53;
 // The log-sum-exp over the finite logits; false (lse untouched) when none is finite.
 bool finite_logsumexp(const float* a, int64_t n, double* lse);
 
+// The sum behind it, over the finite logits of exp((double)l - M), within kLogprobSumRel of the
+// exact sum (tests); 0 when none is finite.
+double finite_exp_sum(const float* a, int64_t n);
+
 // The ids of the min(k, finite count) largest finite logits, by logit descending then id
 // ascending, to ids (room for min(k, n) entries); returns how many. With lse given, also the
 // log-sum-exp as finite_logsumexp (NaN when no logit is finite), sharing one pass over the logits.

@@ -38,8 +38,8 @@ inline double exp_term(double d) {
     return t + (t * r) * h;
 }
 
-inline double term(float v, double m, bool all_finite) {
-    if (!all_finite && !(v - v == 0.0f)) return 0.0;
+inline double term(float v, double m) {
+    if (!(v - v == 0.0f)) return 0.0;
     const double d = (double)v - m;
     return exp_term(d < kClamp ? kClamp : d);
 }
@@ -55,7 +55,7 @@ inline void two_sum(double& s, double& c, double x) {
 }  // namespace
 
 Stats stats_generic(const float* a, int64_t n, float* block_max) {
-    Stats st{-__builtin_inff(), 0};
+    Stats st{-__builtin_inff(), __builtin_inff(), 0};
     for (int64_t b = 0; b * kBlock < n; ++b) {
         const int64_t end = (b + 1) * kBlock < n ? (b + 1) * kBlock : n;
         float hi = -__builtin_inff();
@@ -63,6 +63,7 @@ Stats stats_generic(const float* a, int64_t n, float* block_max) {
             const bool fin = a[i] - a[i] == 0.0f;
             st.n_finite += fin;
             if (fin && a[i] > hi) hi = a[i];
+            if (fin && a[i] < st.min) st.min = a[i];
         }
         block_max[b] = hi;
         if (hi > st.max) st.max = hi;
@@ -71,16 +72,26 @@ Stats stats_generic(const float* a, int64_t n, float* block_max) {
 }
 
 // Eight terms at a time added as a tree (three roundings), then into the compensated accumulator.
-double exp_sum_generic(const float* a, int64_t n, float m, bool all_finite) {
+// (The portable build has no use for `plain`: its per-term test is a branch either way.)
+double exp_sum_generic(const float* a, int64_t n, float m, bool plain, Collect* col) {
     const double md = m;
+    const float inf = __builtin_inff();
+    float at_least = !col ? inf : col->n_tied >= col->limit ? col->above_floor : col->floor;
     double s = 0.0, c = 0.0;
     int64_t i = 0;
+    auto step = [&](int64_t j) {
+        if (a[j] >= at_least && a[j] - a[j] == 0.0f) {
+            collect_one(*col, a, j);
+            if (col->n_tied >= col->limit) at_least = col->above_floor;
+        }
+        return term(a[j], md);
+    };
     for (; i + 8 <= n; i += 8) {
         double w[8];
-        for (int j = 0; j < 8; ++j) w[j] = term(a[i + j], md, all_finite);
+        for (int j = 0; j < 8; ++j) w[j] = step(i + j);
         two_sum(s, c, ((w[0] + w[1]) + (w[2] + w[3])) + ((w[4] + w[5]) + (w[6] + w[7])));
     }
-    for (; i < n; ++i) two_sum(s, c, term(a[i], md, all_finite));
+    for (; i < n; ++i) two_sum(s, c, step(i));
     return s + c;
 }
 

@@ -14,7 +14,20 @@ constexpr double kClamp = -600.0;
 
 struct Stats {
     float max;          // the largest finite logit (-inf when none is finite)
+    float min;          // the smallest finite logit (+inf when none is finite)
     int64_t n_finite;
+};
+
+// What the exponential pass also collects, in id order: the finite logits above `floor` (ids and
+// values) and the first `limit` ids whose logit equals it. `above_floor` is the next float above
+// floor (once `limit` ties are in, "at least above_floor" is "above floor"). +inf: nothing.
+struct Collect {
+    float floor, above_floor;
+    int64_t limit;
+    int32_t* above;   // room for every finite logit above floor
+    float* vals;
+    int32_t* tied;    // room for limit
+    int64_t n_above = 0, n_tied = 0;
 };
 
 // exp(d) = 2^q 2^(j/16) exp(r), k = 16q + j, r = d - k ln2/16 with |r| <= ln2/32. 2^(j/16) is the
@@ -40,14 +53,29 @@ constexpr double kShifter = 0x1.8p52;                 // adding 1.5 * 2^52 round
 // and it is multiplied by r (so below 2^-59 of the result).
 constexpr double kC[7] = {1.0, 0.5, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040};
 
+// One pass: Stats, and the largest finite logit of each block of kBlock (-inf for a block without
+// any) to block_max (ceil(n / kBlock) entries).
 Stats stats_generic(const float* a, int64_t n, float* block_max);
-double exp_sum_generic(const float* a, int64_t n, float m, bool all_finite);
+// The sum over finite logits of exp(max((double)l - m, kClamp)), within kLogprobSumRel of the
+// exact one (logprobs.h). `plain`: every logit is finite and at least m + kClamp (no masks, no
+// clamp). col (may be null): also collects as Collect says.
+double exp_sum_generic(const float* a, int64_t n, float m, bool plain, Collect* col);
 void exp_generic(const double* d, double* out, int64_t n);
 #if defined(DS4_ARCH_X86)
 Stats stats_avx512(const float* a, int64_t n, float* block_max);
-double exp_sum_avx512(const float* a, int64_t n, float m, bool all_finite);
+double exp_sum_avx512(const float* a, int64_t n, float m, bool plain, Collect* col);
 void exp_avx512(const double* d, double* out, int64_t n);
 #endif
+
+// Collect's step for one logit known to be finite and at least col.floor.
+inline void collect_one(Collect& col, const float* a, int64_t i) {
+    if (a[i] > col.floor) {
+        col.above[col.n_above] = (int32_t)i;
+        col.vals[col.n_above++] = a[i];
+    } else if (col.n_tied < col.limit) {
+        col.tied[col.n_tied++] = (int32_t)i;
+    }
+}
 
 }  // namespace logprob_kernels
 }  // namespace ds4

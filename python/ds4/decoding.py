@@ -25,7 +25,7 @@ from typing import AnyStr, Iterable, Mapping, Sequence
 import numpy as np
 
 from .dsml import DsmlTracker
-from .sampling import Rng, argmax, sample, token_logprob, top_logprobs
+from .sampling import Rng, argmax, sample, token_and_top_logprobs
 
 __all__ = ["TokenPicker", "StopMatcher", "ToolBlockWatch", "BLOCK_MARKERS"]
 
@@ -81,9 +81,9 @@ class TokenPicker:
             token = argmax(adjusted)
         else:
             token = sample(adjusted, self.temperature, self.top_k, self.top_p, self.min_p, self.rng, engine=self.engine)
-        if self.logprobs is not None:  # the model's own distribution, as OpenAI reports it
-            self.logprob = token_logprob(logits, token).logprob
-            self.tops = tuple(top_logprobs(logits, self.logprobs)) if self.logprobs > 0 else ()
+        if self.logprobs is not None:  # the model's own distribution, as OpenAI reports it (one pass)
+            chosen, tops = token_and_top_logprobs(logits, token, self.logprobs)
+            self.logprob, self.tops = chosen.logprob, tuple(tops)
         if self.adjusts:
             self._bias_vector(len(logits))[token] -= self.frequency + (0.0 if token in self._seen else self.presence)
             self._seen.add(token)

@@ -23,9 +23,7 @@ Example::
 
 from __future__ import annotations
 
-import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 
@@ -52,6 +50,7 @@ __all__ = [
     "argmax_excluding",
     "top_logprobs",
     "token_logprob",
+    "token_and_top_logprobs",
     "log_softmax",
     "time_seed",
     "thinking_policy",
@@ -168,117 +167,6 @@ def argmax_excluding(logits, excluded: int) -> int:
     return i if clean[i] > a[first] else first
 
 
-# ---- helpers for top_logprobs ----------------------------------------------------------------
-#
-# Sampling itself runs in the compiled core (csrc/sampling/, docs/sampling.md): every float sum
-# there is a sequential float32 accumulation in upstream's order and exp is evaluated in double
-# and rounded once, so the picks equal a literal transcription of the rules (tests/test_sampling.py).
-# The ranking helpers below serve top_logprobs: orderings use a uint64 key sort (numpy's stable
-# float32 argsort is ~10x slower) and group maxima find a rank floor without sorting everything.
-
-_scratch = threading.local()
-
-
-def _buf(name: str, n: int, dtype) -> np.ndarray:
-    """A per-thread scratch array of n elements; never returned to a caller."""
-    b = getattr(_scratch, name, None)
-    if b is None or b.size < n:
-        b = np.empty(max(n, 1), dtype=dtype)
-        setattr(_scratch, name, b)
-    return b[:n]
-
-
-def _flatnonzero(mask: np.ndarray) -> np.ndarray:
-    """``np.flatnonzero`` for a 1-D bool mask (ascending)."""
-    return np.flatnonzero(mask)
-
-
-def _group_maxima(vals: np.ndarray, groups: int) -> np.ndarray:
-    """Maxima of about ``groups`` (at least that many) disjoint groups covering ``vals``.
-
-    Large arrays are first folded to ~8k column maxima (strided groups), then grouped into the
-    requested count along whichever axis is long (numpy's per-row overhead dominates short rows).
-    """
-    while vals.size >= 2 * max(groups, 8192):
-        cols = max(groups, vals.size // 16, 8192) if vals.size > 16 * 8192 else max(groups, 8192)
-        rows = vals.size // cols
-        head = vals[: rows * cols].reshape(rows, cols).max(axis=0)
-        tail = vals[rows * cols:]
-        vals = np.concatenate([head, tail]) if tail.size else head
-    per = vals.size // groups
-    if per < 2:
-        return vals
-    if groups >= per:  # many small groups: strided columns
-        head = vals[: per * groups].reshape(per, groups).max(axis=0)
-    else:  # few large groups: contiguous rows
-        head = vals[: per * groups].reshape(groups, per).max(axis=1)
-    tail = vals[per * groups:]
-    return np.concatenate([head, tail]) if tail.size else head
-
-
-def _rank_floor(vals: np.ndarray, k: int) -> np.float32:
-    """A value with at least k entries >= it and no more than the k-th largest entry.
-
-    The k-th largest of the maxima of >= k disjoint groups is such a value: the k largest group
-    maxima are k distinct entries >= it (~4k groups keep the candidates few).
-    """
-    n = vals.size
-    if k >= n:
-        return _F32(-np.inf)
-    maxima = _group_maxima(vals, 4 * k)
-    return np.partition(maxima, maxima.size - k)[maxima.size - k]
-
-
-def _order_desc(vals: np.ndarray) -> np.ndarray:
-    """Positions of finite ``vals`` by value desc, then position asc (a stable descending argsort).
-
-    numpy's stable argsort of float32 is slow; one uint64 key per entry (the float's bits mapped
-    to an order-preserving integer, then the position) sorts the same way with the fast sort.
-    """
-    if vals.size < 64:
-        return np.argsort(-vals, kind="stable")
-    neg = np.negative(vals) + _F32(0)  # + 0 turns -0.0 into 0.0: they are equal logits
-    u = neg.view(np.uint32)
-    key = np.where(u >> np.uint32(31), ~u, u | np.uint32(0x80000000)).astype(np.uint64)
-    key <<= np.uint64(32)
-    key |= np.arange(vals.size, dtype=np.uint64)
-    key.sort()
-    return (key & np.uint64(0xFFFFFFFF)).astype(np.intp)
-
-
-def _sorted_prefix(a: np.ndarray, floor, finite: np.ndarray | None) -> np.ndarray:
-    """Finite tokens with logit >= floor, by logit desc then index asc (a prefix of the full
-    sorted order: every token with a larger logit is in it)."""
-    idx = _flatnonzero(a >= floor) if finite is None else _flatnonzero((a >= floor) & finite)
-    return idx[_order_desc(a[idx])]
-
-
-def _top_sorted(a: np.ndarray, k: int, finite: np.ndarray | None = None) -> np.ndarray:
-    """Indices of the k largest finite logits, ordered by value desc then index asc (among equal
-    values the earlier index wins, as upstream's insertion). ``finite`` None: all are finite.
-
-    Logits above the rank floor are sorted; those equal to it come after them in index order and
-    only as many as k needs (a vocabulary of equal logits would otherwise sort every entry)."""
-    masked = a if finite is None else np.where(finite, a, -np.inf).astype(np.float32)
-    floor = _rank_floor(masked, k)
-    above = _sorted_prefix(a, np.nextafter(floor, _F32(np.inf)), finite)
-    if above.size >= k:
-        return above[:k]
-    tied = np.flatnonzero(a == floor)[: k - above.size]   # floor is finite here: ids ascending
-    return np.concatenate([above, tied])
-
-
-def _finite_max(a: np.ndarray):
-    """(finite mask or None when every logit is finite, max finite logit or None when none is)."""
-    hi, lo = a.max(), a.min()
-    if np.isfinite(hi) and np.isfinite(lo):
-        return None, hi
-    finite = np.isfinite(a)
-    if not finite.any():
-        return finite, None
-    return finite, a[finite].max()
-
-
 def check_sampling_args(temperature, top_k, top_p, min_p) -> None:
     """Refuse sampling knobs outside their meaning, naming the argument (InvalidArgumentError).
 
@@ -390,35 +278,33 @@ def _core():
 
 
 # ---- log-probabilities -----------------------------------------------------------------------
-
-
-def _logsumexp_finite(a: np.ndarray) -> float | None:
-    """M + log(sum(exp(l - M))) over the finite logits, in double (upstream's log-sum-exp)."""
-    hi, lo = a.max(), a.min()
-    if np.isfinite(hi) and np.isfinite(lo):
-        v = a
-    else:
-        v = a[np.isfinite(a)]
-        if v.size == 0:
-            return None
-        hi = v.max()
-    m = float(hi)
-    x = _buf("lse64", v.size, np.float64)
-    np.subtract(v, m, out=x, dtype=np.float64)  # v widened exactly, difference in double
-    np.exp(x, out=x)
-    return m + math.log(float(np.sum(x)))
-
+#
+# In the core (csrc/sampling/logprobs.h, docs/sampling.md "Log-probabilities"): the log-sum-exp in
+# double over the finite logits (a vectorised exp and compensated lane sums, within a stated bound
+# of the exact value) and the top k from one pass over the logits, shared when both are asked.
 
 def log_softmax(logits) -> np.ndarray:
     """float64 log-probabilities over the finite logits (non-finite entries give -inf)."""
     a = _as_logits(logits)
-    lse = _logsumexp_finite(a)
+    lse = _core()._logsumexp(a)
     out = np.full(a.shape, -np.inf, dtype=np.float64)
     if lse is None:
         return out
     finite = np.isfinite(a)
     out[finite] = a[finite].astype(np.float64) - lse
     return out
+
+
+def _scored(a: np.ndarray, k: int, token: int) -> tuple[float | None, list[TokenLogprob], float | None]:
+    """The core's one pass: (lse or None when no logit is finite, the top k, token's logprob)."""
+    lse, top, lp = _core().top_logprobs(a, max(0, min(int(k), a.size)), token)
+    return lse, [TokenLogprob(i, v, p) for i, v, p in top], lp
+
+
+def _checked_token(a: np.ndarray, token) -> int:
+    if not 0 <= token < a.size:
+        raise InvalidArgumentError(f"token id {token} out of range [0, {a.size})")
+    return int(token)
 
 
 def top_logprobs(logits, k: int) -> list[TokenLogprob]:
@@ -430,22 +316,26 @@ def top_logprobs(logits, k: int) -> list[TokenLogprob]:
     a = _as_logits(logits)
     if k <= 0:
         return []
-    lse = _logsumexp_finite(a)
-    if lse is None:
-        return []
-    finite, _ = _finite_max(a)
-    n_finite = a.size if finite is None else int(np.count_nonzero(finite))
-    ids = _top_sorted(a, min(int(k), n_finite), finite)
-    return [TokenLogprob(int(i), float(a[i]), float(np.float32(float(a[i]) - lse))) for i in ids]
+    return _scored(a, k, -1)[1]
 
 
 def token_logprob(logits, token: int) -> TokenLogprob:
-    """Logprob of one token (upstream's ``ds4_session_token_logprob``)."""
+    """Logprob of one token (upstream's ``ds4_session_token_logprob``); -1e30 when its logit is not
+    finite."""
     a = _as_logits(logits)
-    if not 0 <= token < a.size:
-        raise InvalidArgumentError(f"token id {token} out of range [0, {a.size})")
-    lse = _logsumexp_finite(a)
+    t = _checked_token(a, token)
+    lse, _, lp = _scored(a, 0, t)
     if lse is None:
         raise InvalidArgumentError("no finite logit to normalise over")
-    v = float(a[token])
-    return TokenLogprob(int(token), v, float(np.float32(v - lse)) if math.isfinite(v) else -1.0e30)
+    return TokenLogprob(t, float(a[t]), lp)
+
+
+def token_and_top_logprobs(logits, token: int, k: int) -> tuple[TokenLogprob, list[TokenLogprob]]:
+    """``token_logprob(logits, token)`` and ``top_logprobs(logits, k)`` with one log-sum-exp (the
+    decode loop's call when a request asks for logprobs)."""
+    a = _as_logits(logits)
+    t = _checked_token(a, token)
+    lse, top, lp = _scored(a, k if k > 0 else 0, t)
+    if lse is None:
+        raise InvalidArgumentError("no finite logit to normalise over")
+    return TokenLogprob(t, float(a[t]), lp), top
