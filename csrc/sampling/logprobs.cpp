@@ -90,19 +90,28 @@ int64_t top_finite_logits(const float* a, int64_t n, int64_t k, int32_t* ids, do
             floor = bm[k - 1];
         }
     }
-    const bool fused = floor > -inf;
-    const int64_t room = fused ? std::min(n, (k - 1) * kBlock) + 16 : n + 16;
-    if ((int64_t)s.above.size() < room) {
-        s.above.resize((size_t)room);
-        s.vals.resize((size_t)room);
+    // Collected during the exponential's pass when there is one and the floor is finite; else (and
+    // if more logits than the blocks allow rise above the floor: only when the logits change during
+    // the call) by a pass of its own over every logit above the floor.
+    const bool fused = lse && floor > -inf;
+    const int64_t room = fused ? std::min(n, std::max<int64_t>(k - 1, 0) * kBlock) : n;
+    if ((int64_t)s.above.size() < room + 16) {
+        s.above.resize((size_t)room + 16);
+        s.vals.resize((size_t)room + 16);
     }
     if ((int64_t)s.tied.size() < k + 16) s.tied.resize((size_t)k + 16);
-    Collect col{floor, std::nextafter(floor, inf), fused && floor < inf ? k : 0, s.above.data(), s.vals.data(),
-                s.tied.data()};
+    const int64_t limit = floor > -inf && floor < inf ? k : 0;
+    Collect col{floor, std::nextafter(floor, inf), limit, s.above.data(), s.vals.data(), s.tied.data(), room};
     if (lse) *lse = st.n_finite ? lse_of(a, n, st, fused ? &col : nullptr) : std::numeric_limits<double>::quiet_NaN();
     if (k <= 0) return 0;
-    if (!fused || !lse || st.n_finite == 0)
-        col.n_above = collect_above_and_tied(a, n, floor, col.above, col.vals, col.limit, col.tied, &col.n_tied);
+    if (!fused || col.overflow) {
+        if ((int64_t)s.above.size() < n + 16) {
+            s.above.resize((size_t)n + 16);
+            s.vals.resize((size_t)n + 16);
+        }
+        col = Collect{floor, col.above_floor, limit, s.above.data(), s.vals.data(), s.tied.data(), n};
+        col.n_above = collect_above_and_tied(a, n, floor, col.above, col.vals, limit, col.tied, &col.n_tied);
+    }
     const float* vals = col.vals;
     std::vector<int32_t>& pos = s.pos;   // positions into above/vals (ids ascend with them)
     pos.resize((size_t)col.n_above);

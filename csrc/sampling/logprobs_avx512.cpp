@@ -101,7 +101,7 @@ template <bool Plain>
 double exp_sum(const float* a, int64_t n, float m, Collect* col) {
     const Exp8 e;
     const __m512d md = _mm512_set1_pd((double)m);
-    Collect none{__builtin_inff(), __builtin_inff(), 0, nullptr, nullptr, nullptr};
+    Collect none{__builtin_inff(), __builtin_inff(), 0, nullptr, nullptr, nullptr, 0};
     Collect& cl = col ? *col : none;
     __m512 at_least = _mm512_set1_ps(cl.n_tied >= cl.limit ? cl.above_floor : cl.floor);
     __m512d s = _mm512_setzero_pd(), c = _mm512_setzero_pd();

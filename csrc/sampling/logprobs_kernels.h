@@ -24,10 +24,12 @@ struct Stats {
 struct Collect {
     float floor, above_floor;
     int64_t limit;
-    int32_t* above;   // room for every finite logit above floor
+    int32_t* above;   // room for `room` ids and values
     float* vals;
     int32_t* tied;    // room for limit
+    int64_t room;
     int64_t n_above = 0, n_tied = 0;
+    bool overflow = false;   // more than `room` above floor: the logits changed under the call
 };
 
 // exp(d) = 2^q 2^(j/16) exp(r), k = 16q + j, r = d - k ln2/16 with |r| <= ln2/32. 2^(j/16) is the
@@ -70,6 +72,10 @@ void exp_avx512(const double* d, double* out, int64_t n);
 // Collect's step for one logit known to be finite and at least col.floor.
 inline void collect_one(Collect& col, const float* a, int64_t i) {
     if (a[i] > col.floor) {
+        if (col.n_above == col.room) {
+            col.overflow = true;
+            return;
+        }
         col.above[col.n_above] = (int32_t)i;
         col.vals[col.n_above++] = a[i];
     } else if (col.n_tied < col.limit) {
