@@ -41,7 +41,8 @@ sys.path.insert(0, str(HERE.parent / "python"))
 from _common import Result, add_common_args, machine_info, measure, report  # noqa: E402
 
 from ds4 import _core  # noqa: E402
-from ds4.sampling import Rng, argmax, sample, set_sampler_threads, top_logprobs  # noqa: E402
+from ds4.sampling import (Rng, argmax, sample, set_sampler_threads, token_and_top_logprobs,  # noqa: E402
+                          top_logprobs)
 
 N_VOCAB = 129280
 
@@ -206,11 +207,26 @@ def main(argv=None) -> None:
                     row[col] = r.median
                     row["_names"][col] = name
             rows.append(row)
-        for label, fn in (("argmax", lambda: argmax(lg)), ("top_logprobs k=20", lambda: top_logprobs(lg, 20))):
+        for label, fn in (("argmax", lambda: argmax(lg)), ("top_logprobs k=20", lambda: top_logprobs(lg, 20)),
+                          ("token_and_top_logprobs k=20", lambda: token_and_top_logprobs(lg, 7, 20))):
             name = f"{label}/{kind}"
             r = measure(name, "us", per_call_us(fn, max(reps // 4, 10)))
             results.append(r)
             rows.append({"logits": kind, "case": label, "python": r.median, "_names": {"python": name}})
+        # The decode loop's logprob call in C++ (top 20 and the log-sum-exp, one pass) and, under it,
+        # the per-term double exponential alone over the vocabulary (docs/sampling.md, "Log-probabilities").
+        for label, pairs in (("logprobs k=20 + lse", lambda n: _core._time_logprobs(lg, 20, n)),
+                             ("double exp (floor)", lambda n: _core._time_logprob_exp(lg, n))):
+            pairs(5)
+            got = pairs(reps)
+            row = {"logits": kind, "case": label, "_names": {}}
+            for col, vals in (("C++", [w / 1e3 for w, _ in got]), ("C++ cpu", [c / 1e3 for _, c in got])):
+                name = f"{label}/{kind}/{col}"
+                r = measure(name, "us", vals)
+                results.append(r)
+                row[col] = r.median
+                row["_names"][col] = name
+            rows.append(row)
     worst = max((r for r in results if r.name.endswith("/C++")), key=lambda r: r.median)
     print(f"vocabulary {N_VOCAB}, numpy {np.__version__}, sampler threads {args.sampler_threads}; "
           f"slowest C++ setting: {worst.name} {worst.median:.1f} us (median of {reps})\n")
