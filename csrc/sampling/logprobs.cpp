@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "quant/simd.h"
 #include "sampling/exp_weights.h"
 #include "sampling/logprobs_kernels.h"
 #include "sampling/scan.h"
@@ -28,19 +29,36 @@ Scratch& scratch() {
     return s;
 }
 
-Stats stats(const float* a, int64_t n, float* block_max) {
+// The build the active SIMD path allows (DS4_SIMD=scalar: the portable one).
+enum class Build { Generic, Avx2, Avx512 };
+
+Build build() {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return stats_avx512(a, n, block_max);
+    if (sampling_avx512()) return Build::Avx512;
+    if (simd_path() == SimdPath::AVX2) return Build::Avx2;
 #endif
-    return stats_generic(a, n, block_max);
+    return Build::Generic;
+}
+
+Stats stats(const float* a, int64_t n, float* block_max) {
+    switch (build()) {
+#if defined(DS4_ARCH_X86)
+        case Build::Avx512: return stats_avx512(a, n, block_max);
+        case Build::Avx2: return stats_avx2(a, n, block_max);
+#endif
+        default: return stats_generic(a, n, block_max);
+    }
 }
 
 double sum_of(const float* a, int64_t n, const Stats& st, Collect* col) {
     const bool plain = st.n_finite == n && (double)st.min - (double)st.max >= kClamp;
+    switch (build()) {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return exp_sum_avx512(a, n, st.max, plain, col);
+        case Build::Avx512: return exp_sum_avx512(a, n, st.max, plain, col);
+        case Build::Avx2: return exp_sum_avx2(a, n, st.max, plain, col);
 #endif
-    return exp_sum_generic(a, n, st.max, plain, col);
+        default: return exp_sum_generic(a, n, st.max, plain, col);
+    }
 }
 
 double lse_of(const float* a, int64_t n, const Stats& st, Collect* col) {
@@ -126,10 +144,13 @@ int64_t top_finite_logits(const float* a, int64_t n, int64_t k, int32_t* ids, do
 }
 
 void logprob_exp(const double* d, double* out, int64_t n) {
+    switch (build()) {
 #if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return exp_avx512(d, out, n);
+        case Build::Avx512: return exp_avx512(d, out, n);
+        case Build::Avx2: return exp_avx2(d, out, n);
 #endif
-    exp_generic(d, out, n);
+        default: return exp_generic(d, out, n);
+    }
 }
 
 }  // namespace ds4

@@ -64,6 +64,9 @@ Stats stats_generic(const float* a, int64_t n, float* block_max);
 double exp_sum_generic(const float* a, int64_t n, float m, bool plain, Collect* col);
 void exp_generic(const double* d, double* out, int64_t n);
 #if defined(DS4_ARCH_X86)
+Stats stats_avx2(const float* a, int64_t n, float* block_max);
+double exp_sum_avx2(const float* a, int64_t n, float m, bool plain, Collect* col);
+void exp_avx2(const double* d, double* out, int64_t n);
 Stats stats_avx512(const float* a, int64_t n, float* block_max);
 double exp_sum_avx512(const float* a, int64_t n, float m, bool plain, Collect* col);
 void exp_avx512(const double* d, double* out, int64_t n);
