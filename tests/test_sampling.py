@@ -572,7 +572,7 @@ def test_set_sampler_threads_refuses_non_positive_integers(bad):
 @given(st.lists(st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5, 1e-30, -3e38, 3e38]) | st.floats(-5, 5, width=32),
                 min_size=1, max_size=300))
 def test_order_desc_is_a_stable_descending_argsort(values):
-    import _numpy_top_logprobs as S   # the numpy top_logprobs, now the core's reference
+    from ds4.reference import logprobs as S   # the numpy top_logprobs, now the core's reference
 
     v = np.array(values * (64 // len(values) + 1), dtype=np.float32)  # >= 64: the uint64-key sort
     assert S._order_desc(v).tolist() == np.argsort(-v, kind="stable").tolist()
@@ -580,7 +580,7 @@ def test_order_desc_is_a_stable_descending_argsort(values):
 
 @given(st.integers(0, 2**32), st.integers(1, 3000), st.integers(1, 1100))
 def test_rank_floor_keeps_the_top_k(seed, n, k):
-    import _numpy_top_logprobs as S
+    from ds4.reference import logprobs as S   # the numpy top_logprobs, now the core's reference
 
     v = np.round(np.random.default_rng(seed).normal(0, 3, n), 1).astype(np.float32)  # with ties
     k = min(k, n)

@@ -8,7 +8,7 @@ Decimal (40 digits, no further error that matters). A float32 logprob must then 
 reference's value rounds to, except where that value lies within the two bounds (plus the
 roundings of forming the difference) of a float32 rounding midpoint: those cases are counted, and a
 deliberate lse error of 2^-30 relative must be caught. The top k must equal the numpy
-implementation's ids (tests/_numpy_top_logprobs.py) exactly; every check runs on each SIMD path.
+implementation's ids (ds4.reference.logprobs, python/ds4/reference/logprobs.py) exactly; every check runs on each SIMD path.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ds4._core as core
-import _numpy_top_logprobs as numpy_ref
+from ds4.reference import logprobs as numpy_ref
 from ds4.errors import InvalidArgumentError
 from ds4.sampling import TokenLogprob, log_softmax, token_and_top_logprobs, token_logprob, top_logprobs
 from test_kernels_matvec import simd_path

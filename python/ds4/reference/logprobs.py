@@ -1,6 +1,6 @@
-"""The numpy implementation of ``ds4.sampling.top_logprobs`` / ``token_logprob`` before they moved
-into the core (csrc/sampling/logprobs.*), kept as the reference the core's ids and values are
-compared with (tests/test_sampling_logprobs.py): pairwise numpy sum, numpy's exp, a rank floor
+"""Pure-numpy reference of ``ds4.sampling.top_logprobs`` / ``token_logprob`` (the implementation
+before they moved into the core, csrc/sampling/logprobs.*): the oracle the core's ids and values
+are compared with (tests/test_sampling_logprobs.py): pairwise numpy sum, numpy's exp, a rank floor
 from group maxima and a stable uint64-key sort."""
 
 from __future__ import annotations
