@@ -554,14 +554,7 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
         // infinite s, and weights are at most 1).
         // With every logit finite the arguments need no finiteness test.
         constexpr int64_t kPiece = 2048;
-        auto weigh = [&](int64_t i, int64_t len, float* xb) {
-            if (all_finite) {
-                shifted_args_finite(a + i, len, m, t, xb);
-            } else {
-                shifted_args(a + i, len, m, t, xb);
-            }
-            exp_weights(xb, exact_into_ + i, len);
-        };
+        auto weigh = [&](int64_t i, int64_t len, float*) { exp_weights_of_logits(a + i, len, m, t, all_finite, exact_into_ + i); };
         ThreadPool* const pool = n >= (1 << 15) ? sampling_pool() : nullptr;
         if (pool) {
             // On the pool: the pieces' weights and each chunk's float sum (a guide to the running
@@ -803,6 +796,16 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
     if (c.w == probs && pool && c.count >= (1 << 15)) {   // the whole vocabulary's exact weights, in place
         pool->parallel_for(c.count, [&](int64_t i0, int64_t i1) { scale_weights(probs + i0, i1 - i0, inv, probs + i0); },
                            4096);
+        return;
+    }
+    if (c.w == probs && !c.ids) {
+        // In place, last piece first: the exact weights were just written in id order, so the last
+        // pieces are the ones still in the core's cache (docs/sampling.md, "Ninth round").
+        constexpr int64_t kBack = 2048;
+        for (int64_t i1 = c.count; i1 > 0; i1 -= kBack) {
+            const int64_t i0 = std::max<int64_t>(0, i1 - kBack);
+            scale_weights(probs + i0, i1 - i0, inv, probs + i0);
+        }
         return;
     }
     if (c.w) return scale(c.w, 0, c.count);
