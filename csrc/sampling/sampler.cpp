@@ -9,6 +9,7 @@
 #include "sampling/binade_sum.h"
 #include "sampling/exp_weights.h"
 #include "sampling/rng.h"
+#include "sampling/scale_weights.h"
 #include "sampling/sampling_pool.h"
 #include "sampling/scan.h"
 
@@ -181,12 +182,6 @@ DS4_SAMPLING_HOT float block_max(const float* a, int64_t m, float init) {
     float r = lanes_max(acc, init);
     for (; i < m; ++i) r = a[i] > r ? a[i] : r;
     return r;
-}
-
-// out[i] = (float)((double)w[i] * inv): probabilities() (a clone per ISA: the conversions and
-// multiplies are the same IEEE operations in either).
-DS4_SAMPLING_HOT void scale_weights(const float* w, int64_t n, double inv, float* out) {
-    for (int64_t i = 0; i < n; ++i) out[i] = (float)((double)w[i] * inv);
 }
 
 // out[c] = the float sum, in some order, of w[c * 128, (c + 1) * 128) for c in [c0, c1): the guides
@@ -796,16 +791,6 @@ void Sampler::probabilities(const float* a, int64_t n, const SamplerParams& p, f
     if (c.w == probs && pool && c.count >= (1 << 15)) {   // the whole vocabulary's exact weights, in place
         pool->parallel_for(c.count, [&](int64_t i0, int64_t i1) { scale_weights(probs + i0, i1 - i0, inv, probs + i0); },
                            4096);
-        return;
-    }
-    if (c.w == probs && !c.ids) {
-        // In place, last piece first: the exact weights were just written in id order, so the last
-        // pieces are the ones still in the core's cache (docs/sampling.md, "Ninth round").
-        constexpr int64_t kBack = 2048;
-        for (int64_t i1 = c.count; i1 > 0; i1 -= kBack) {
-            const int64_t i0 = std::max<int64_t>(0, i1 - kBack);
-            scale_weights(probs + i0, i1 - i0, inv, probs + i0);
-        }
         return;
     }
     if (c.w) return scale(c.w, 0, c.count);
