@@ -591,7 +591,9 @@ int64_t binade_seq_until_avx512(const float* w, int64_t n, float total, float to
     // wait for this chunk's reduction and the new running sum (a predicted branch instead of a
     // data dependency). Where the unit did change, the chunk runs the steps below at its own unit.
     // The same units, tests and sums as those steps: the same bits (docs/sampling.md, "Seventh round").
-    float pred_inv_u = 0.0f;
+    // A sum carried on from an earlier call (probabilities()' pieces of 2048) starts from its own
+    // unit: with no guess the first chunk of every piece computed its units twice.
+    float pred_inv_u = s >= binade::kModelMin && s <= binade::kModelMax ? binade::unit_of(s).inv_u : 0.0f;
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
         if (i + chunk <= n && s >= binade::kModelMin && s <= binade::kModelMax) {
