@@ -20,6 +20,7 @@
 #include "sampling/binade_sum.h"
 #include "sampling/bucket_topp.h"
 #include "sampling/exp_weights.h"
+#include "sampling/scale_weights.h"
 #include "sampling/sampler.h"
 #include "sampling/sampling_pool.h"
 #include "sampling/scan.h"
@@ -110,6 +111,23 @@ void init_sampling(py::module_& m) {
               ds4::exp_weights(x.data(), out.mutable_data(), x.size());
               return out;
           }, py::arg("x"));
+    m.def("_exp_weights_of_logits", [](const Logits& a, float m, float t, bool all_finite) {
+              py::array_t<float> out(a.size());
+              ds4::exp_weights_of_logits(a.data(), a.size(), m, t, all_finite, out.mutable_data());
+              return out;
+          }, py::arg("a"), py::arg("m"), py::arg("t"), py::arg("all_finite"));
+    // scale_weights on a copy of w, in place (as probabilities() runs it) or into a second array.
+    m.def("_scale_weights", [](const Logits& w, double inv, bool in_place) {
+              py::array_t<float> out(w.size());
+              float* o = out.mutable_data();
+              if (in_place) {
+                  std::copy(w.data(), w.data() + w.size(), o);
+                  ds4::scale_weights(o, w.size(), inv, o);
+              } else {
+                  ds4::scale_weights(w.data(), w.size(), inv, o);
+              }
+              return out;
+          }, py::arg("w"), py::arg("inv"), py::arg("in_place"));
     m.def("_approx_exp_weights", [](const Logits& x) {
               py::array_t<float> out(x.size());
               ds4::approx_exp_weights(x.data(), out.mutable_data(), x.size());

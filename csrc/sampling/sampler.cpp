@@ -546,10 +546,10 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
         // total (the binade sum of exact terms needs no exponential and no certificate). In pieces
         // that stay in cache between the exponential and the sum; the sum runs on from piece to
         // piece (binade_seq_until with a stop that never comes: fl(s / 1) >= inf needs an
-        // infinite s, and weights are at most 1).
-        // With every logit finite the arguments need no finiteness test.
+        // infinite s, and weights are at most 1). The exponential takes each argument as it reads
+        // the logit (no argument array; with every logit finite, without the finiteness test).
         constexpr int64_t kPiece = 2048;
-        auto weigh = [&](int64_t i, int64_t len, float*) { exp_weights_of_logits(a + i, len, m, t, all_finite, exact_into_ + i); };
+        auto weigh = [&](int64_t i, int64_t len) { exp_weights_of_logits(a + i, len, m, t, all_finite, exact_into_ + i); };
         ThreadPool* const pool = n >= (1 << 15) ? sampling_pool() : nullptr;
         if (pool) {
             // On the pool: the pieces' weights and each chunk's float sum (a guide to the running
@@ -558,21 +558,19 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
             chunk_sums_.resize((size_t)chunks);
             static_assert(kPiece % kBinadeChunk == 0, "pieces hold whole chunks");
             pool->parallel_for((n + kPiece - 1) / kPiece, [&](int64_t q0, int64_t q1) {
-                alignas(64) float xb[kPiece];
                 for (int64_t q = q0; q < q1; ++q) {
                     const int64_t i = q * kPiece, len = std::min(kPiece, n - i);
-                    weigh(i, len, xb);
+                    weigh(i, len);
                     static_assert(kBinadeChunk == 128, "chunk_sums' chunk");
                     chunk_sums(exact_into_, i / kBinadeChunk, std::min(chunks, (i + len) / kBinadeChunk), chunk_sums_.data());
                 }
             }, 4);
             total = binade_seq_sum_guided(exact_into_, n, chunk_sums_.data(), *pool);
         } else {
-            alignas(64) float xb[kPiece];
             total = 0.0f;
             for (int64_t i = 0; i < n; i += kPiece) {
                 const int64_t len = std::min(kPiece, n - i);
-                weigh(i, len, xb);
+                weigh(i, len);
                 binade_seq_until(exact_into_ + i, len, 1.0f, std::numeric_limits<float>::infinity(), total);
             }
         }
