@@ -118,3 +118,54 @@ def test_scale_weights_over_a_whole_binade(total):
     got = core._scale_weights(w, inv, True)
     want = _scaled(w, inv)
     assert np.array_equal(_bits(got), _bits(want)), f"{np.count_nonzero(_bits(got) != _bits(want))} differ"
+
+
+def _plain_sum_from(s, w):
+    """s = fl(s + w[i]) in order, from the s given."""
+    return np.cumsum(np.concatenate([[F(s)], np.asarray(w, dtype=F)]), dtype=F)[-1]
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "equal", "halves", "tiny"])
+def test_binade_seq_sum_from_carried_over_pieces(kind):
+    # probabilities() sums the whole vocabulary's exact weights piece by piece, the running sum
+    # carried from one call to the next: every piece boundary, and the one-call sum, must be the
+    # plain loop's. Weights of the kinds that make the binade sums take their other paths: binade
+    # crossings early in a sum, exact half-unit ties (2^-24 after a 1), runs of equal weights, and
+    # weights so small the sum stays below the model's range for a while.
+    g = np.random.default_rng(len(kind))
+    n = 20_000
+    if kind == "flat":
+        w = np.exp(g.normal(0, 3, n) - 13.0)
+    elif kind == "peaked":
+        x = g.normal(0, 2, n)
+        x[g.choice(n, 40, replace=False)] += g.uniform(6, 14, 40)
+        w = np.exp(x - x.max())
+    elif kind == "equal":
+        w = np.ones(n)
+    elif kind == "halves":
+        w = np.full(n, 2.0**-24)
+        w[::1000] = 1.0
+    else:
+        w = np.exp(g.uniform(-100, -60, n))
+    w = w.astype(F)
+    cuts = np.sort(np.concatenate([[0, n], g.integers(0, n, 12), np.arange(0, n, 2048)]))
+    for start in (0.0, 1.5, 3e-20, float(F(2**24 - 3) * F(2.0**-20))):
+        s, want = F(start), F(start)
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            s = F(core._binade_seq_sum_from(w[a:b], s))
+            want = _plain_sum_from(want, w[a:b])
+            assert s.view(np.uint32) == want.view(np.uint32), (kind, start, a, b)
+        assert F(core._binade_seq_sum_from(w, F(start))).view(np.uint32) == _plain_sum_from(start, w).view(np.uint32)
+
+
+@pytest.mark.parametrize("below", [1, 2, 37, 200])
+def test_binade_seq_sum_from_at_the_top_of_a_binade(below):
+    # A carried sum `below` units under 2^24 of its unit, then 256 terms of 0.75 and 1.25 units:
+    # the unit count may not pass 2^24 (there the grid doubles and the terms' order decides the
+    # rounding). The whole-chunk loop carries the count as an integer and must stop at that top.
+    g = np.random.default_rng(below)
+    w = np.where(g.random(256) < 0.5, 0.75, 1.25).astype(F)
+    for u in (F(1.0), F(2.0**-30)):
+        s = F(2**24 - below) * u
+        got = F(core._binade_seq_sum_from((w * u).astype(F), s))
+        assert got.view(np.uint32) == _plain_sum_from(s, (w * u).astype(F)).view(np.uint32)

@@ -385,8 +385,7 @@ int64_t add_chunks_at_one_unit(const Src& src, int64_t i, int64_t n, float* wa, 
 }
 
 template <class Src>
-float total(const Src& src, int64_t n, float* wa) {
-    float s = 0.0f;
+float total(const Src& src, int64_t n, float* wa, float s = 0.0f) {
     const int64_t chunk = kChunkBlocks * kLanes;
     int64_t i = 0;
     for (; i + chunk <= n; i += chunk) {
@@ -472,6 +471,7 @@ int64_t walk(const Src& src, const float* wa, int64_t n, float r) {
 }  // namespace
 
 float binade_seq_sum_avx512(const float* w, int64_t n) { return total(Weights{w}, n, nullptr); }
+float binade_seq_sum_from_avx512(const float* w, int64_t n, float s) { return total(Weights{w}, n, nullptr, s); }
 
 namespace {
 
@@ -643,9 +643,7 @@ int64_t binade_seq_until_avx512(const float* w, int64_t n, float total, float to
     // wait for this chunk's reduction and the new running sum (a predicted branch instead of a
     // data dependency). Where the unit did change, the chunk runs the steps below at its own unit.
     // The same units, tests and sums as those steps: the same bits (docs/sampling.md, "Seventh round").
-    // A sum carried on from an earlier call (probabilities()' pieces of 2048) starts from its own
-    // unit: with no guess the first chunk of every piece computed its units twice.
-    float pred_inv_u = s >= binade::kModelMin && s <= binade::kModelMax ? binade::unit_of(s).inv_u : 0.0f;
+    float pred_inv_u = 0.0f;
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
         if (i + chunk <= n && s >= binade::kModelMin && s <= binade::kModelMax) {

@@ -545,9 +545,8 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
         // probabilities(): every exact weight is needed anyway, and their sequential sum is the
         // total (the binade sum of exact terms needs no exponential and no certificate). In pieces
         // that stay in cache between the exponential and the sum; the sum runs on from piece to
-        // piece (binade_seq_until with a stop that never comes: fl(s / 1) >= inf needs an
-        // infinite s, and weights are at most 1). The exponential takes each argument as it reads
-        // the logit (no argument array; with every logit finite, without the finiteness test).
+        // piece (binade_seq_sum_from). The exponential takes each argument as it reads the logit
+        // (no argument array; with every logit finite, without the finiteness test).
         constexpr int64_t kPiece = 2048;
         auto weigh = [&](int64_t i, int64_t len) { exp_weights_of_logits(a + i, len, m, t, all_finite, exact_into_ + i); };
         ThreadPool* const pool = n >= (1 << 15) ? sampling_pool() : nullptr;
@@ -571,7 +570,7 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
             for (int64_t i = 0; i < n; i += kPiece) {
                 const int64_t len = std::min(kPiece, n - i);
                 weigh(i, len);
-                binade_seq_until(exact_into_ + i, len, 1.0f, std::numeric_limits<float>::infinity(), total);
+                total = binade_seq_sum_from(exact_into_ + i, len, total);
             }
         }
         if (!(total > 0.0f && std::isfinite(total))) return;
