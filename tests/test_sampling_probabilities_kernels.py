@@ -158,14 +158,33 @@ def test_binade_seq_sum_from_carried_over_pieces(kind):
         assert F(core._binade_seq_sum_from(w, F(start))).view(np.uint32) == _plain_sum_from(start, w).view(np.uint32)
 
 
-@pytest.mark.parametrize("below", [1, 2, 37, 200])
+@pytest.mark.parametrize("below", [1, 2, 37, 126, 127, 128, 200])
 def test_binade_seq_sum_from_at_the_top_of_a_binade(below):
-    # A carried sum `below` units under 2^24 of its unit, then 256 terms of 0.75 and 1.25 units:
-    # the unit count may not pass 2^24 (there the grid doubles and the terms' order decides the
-    # rounding). The whole-chunk loop carries the count as an integer and must stop at that top.
+    # A carried sum `below` units under 2^24 of its unit, then 256 terms of 0.75 and 1.25 units (one
+    # unit each), the first chunk of 128 ending in 0.75, 1.25: the unit count may not reach 2^24
+    # (there the grid doubles and the terms' order decides the rounding). The whole-chunk loop
+    # carries the count as an integer and must stop below that top: at below = 127 the first chunk
+    # counts 2^24 + 1 units where the plain loop ends at 2^24 + 2.
     g = np.random.default_rng(below)
     w = np.where(g.random(256) < 0.5, 0.75, 1.25).astype(F)
+    w[126:128] = (0.75, 1.25)
     for u in (F(1.0), F(2.0**-30)):
         s = F(2**24 - below) * u
         got = F(core._binade_seq_sum_from((w * u).astype(F), s))
         assert got.view(np.uint32) == _plain_sum_from(s, (w * u).astype(F)).view(np.uint32)
+
+
+@pytest.mark.parametrize("above", [127, 128, 129, 300])
+def test_binade_seq_walk_at_the_floor_of_a_binade(above):
+    # A walk from 2^23 + `above` units over 127 terms of one unit and one of 1.4, then a term of
+    # 2^23 - 0.5 units: the whole-chunk loop may take a chunk only while r stays above 2^23 units
+    # after it (below 2^23 the grid is finer). At above = 128 the chunk's count lands on 2^23 while
+    # the plain walk is at 2^23 - 0.5, which the next term then takes exactly to 0.
+    w = np.concatenate([np.ones(127), [1.4, 2**23 - 0.5], np.ones(200)]).astype(F)
+    for u in (F(1.0), F(2.0**-30)):
+        r = F(2**23 + above) * u
+        ws = (w * u).astype(F)
+        run = np.cumsum(np.concatenate([[r], -ws]), dtype=F)[1:]
+        hit = np.flatnonzero(run <= 0)
+        want = int(hit[0]) if hit.size else -1
+        assert core._binade_seq_walk(ws, r) == want, (above, u)

@@ -103,6 +103,8 @@ void init_sampling(py::module_& m) {
     m.def("_binade_seq_sum", [](const Logits& w) { return ds4::binade_seq_sum(w.data(), w.size()); }, py::arg("w"));
     m.def("_binade_seq_sum_from", [](const Logits& w, float s) { return ds4::binade_seq_sum_from(w.data(), w.size(), s); },
           py::arg("w"), py::arg("s"));
+    m.def("_binade_seq_walk", [](const Logits& w, float r) { return ds4::binade_seq_walk(w.data(), w.size(), r); },
+          py::arg("w"), py::arg("r"));
     m.def("_binade_weight_total", [](const Logits& x) { return ds4::binade_weight_total(x.data(), x.size(), nullptr); },
           py::arg("x"));
     m.def("_binade_weight_walk",
