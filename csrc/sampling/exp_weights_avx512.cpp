@@ -69,6 +69,10 @@ void exp_weights_avx512(const float* x, float* w, int64_t n) {
     exp_weights_generic(x + i, w + i, n - i);
 }
 
+// exp_weights_of_logits: 8 logits per step, their arguments by shifted_args' float operations
+// (subtract, divide unless t is 1, -inf where the logit is not finite unless none is), then the
+// certified evaluation above with the exact fallback on the same arguments: exp_weights' bits
+// without writing and re-reading an argument array (docs/sampling.md, "Ninth round").
 template <bool kDivide, bool kAllFinite>
 static void exp_weights_of_logits_loop(const float* a, int64_t n, float m, float t, float* w) {
     const certified_exp::Table tab;
