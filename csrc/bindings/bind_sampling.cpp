@@ -20,6 +20,7 @@
 #include "sampling/binade_sum.h"
 #include "sampling/bucket_topp.h"
 #include "sampling/exp_weights.h"
+#include "sampling/scale_weights.h"
 #include "sampling/sampler.h"
 #include "sampling/sampling_pool.h"
 #include "sampling/scan.h"
@@ -100,6 +101,10 @@ void init_sampling(py::module_& m) {
           py::arg("pool_of") = py::none());
     // The sampler's building blocks, for tests (tests/test_sampling.py): each equals a plain loop.
     m.def("_binade_seq_sum", [](const Logits& w) { return ds4::binade_seq_sum(w.data(), w.size()); }, py::arg("w"));
+    m.def("_binade_seq_sum_from", [](const Logits& w, float s) { return ds4::binade_seq_sum_from(w.data(), w.size(), s); },
+          py::arg("w"), py::arg("s"));
+    m.def("_binade_seq_walk", [](const Logits& w, float r) { return ds4::binade_seq_walk(w.data(), w.size(), r); },
+          py::arg("w"), py::arg("r"));
     m.def("_binade_weight_total", [](const Logits& x) { return ds4::binade_weight_total(x.data(), x.size(), nullptr); },
           py::arg("x"));
     m.def("_binade_weight_walk",
@@ -110,6 +115,23 @@ void init_sampling(py::module_& m) {
               ds4::exp_weights(x.data(), out.mutable_data(), x.size());
               return out;
           }, py::arg("x"));
+    m.def("_exp_weights_of_logits", [](const Logits& a, float m, float t, bool all_finite) {
+              py::array_t<float> out(a.size());
+              ds4::exp_weights_of_logits(a.data(), a.size(), m, t, all_finite, out.mutable_data());
+              return out;
+          }, py::arg("a"), py::arg("m"), py::arg("t"), py::arg("all_finite"));
+    // scale_weights on a copy of w, in place (as probabilities() runs it) or into a second array.
+    m.def("_scale_weights", [](const Logits& w, double inv, bool in_place) {
+              py::array_t<float> out(w.size());
+              float* o = out.mutable_data();
+              if (in_place) {
+                  std::copy(w.data(), w.data() + w.size(), o);
+                  ds4::scale_weights(o, w.size(), inv, o);
+              } else {
+                  ds4::scale_weights(w.data(), w.size(), inv, o);
+              }
+              return out;
+          }, py::arg("w"), py::arg("inv"), py::arg("in_place"));
     m.def("_approx_exp_weights", [](const Logits& x) {
               py::array_t<float> out(x.size());
               ds4::approx_exp_weights(x.data(), out.mutable_data(), x.size());

@@ -38,6 +38,14 @@ float binade_seq_sum(const float* w, int64_t n) {
     return s;
 }
 
+float binade_seq_sum_from(const float* w, int64_t n, float s) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return binade_seq_sum_from_avx512(w, n, s);
+#endif
+    for (int64_t i = 0; i < n; ++i) s += w[i];
+    return s;
+}
+
 float binade_weight_total(const float* x, int64_t n, float* wa) {
 #if defined(DS4_ARCH_X86)
     if (sampling_avx512()) return binade_weight_total_avx512(x, n, wa);

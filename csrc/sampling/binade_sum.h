@@ -11,6 +11,10 @@ class ThreadPool;
 // s = 0; for i: s = fl(s + w[i]); return s. Any inputs (inf, NaN, negative, denormal).
 float binade_seq_sum(const float* w, int64_t n);
 
+// The same loop from a running sum s instead of 0 (a sum carried over pieces of an array:
+// probabilities() of the whole vocabulary).
+float binade_seq_sum_from(const float* w, int64_t n, float s);
+
 // The same loop over the weights exp_weights(x) (x: shifted arguments <= 0 or -inf), without
 // evaluating most of those exponentials exactly. When wa is not null it receives an
 // approximation of every weight (within kApproxWeightRel relative + 2^-125 absolute): a guide for

@@ -359,13 +359,40 @@ void add_plain(const Src& src, int64_t i0, float* wa, int64_t m, float& s) {
     for (int64_t j = 0; j < m; ++j) s += wb[j];
 }
 
+// Whole chunks added at one unit, the running sum carried as its integer count S of that unit (s =
+// S u exactly, so converting back and forth per chunk, a float-int-float chain on every chunk's
+// path, changes nothing but the time; docs/sampling.md, "Ninth round"): from i while the sum stays
+// inside the model, in one binade and away from zero-weight tests. Returns where it stopped, with
+// s updated; `failed`: the chunk there was tried at this unit and did not fit (a binade crossing,
+// a tie, an uncertain exact term), so it goes block by block without trying it whole again.
 template <class Src>
-float total(const Src& src, int64_t n, float* wa) {
-    float s = 0.0f;
+int64_t add_chunks_at_one_unit(const Src& src, int64_t i, int64_t n, float* wa, float& s, bool& failed) {
+    const int64_t chunk = kChunkBlocks * kLanes;
+    failed = false;
+    if (!(s >= binade::kModelMin && s <= binade::kModelMax) || skips_zeros(src)) return i;
+    const binade::Unit b = binade::unit_of(s);
+    int32_t S = (int32_t)(s * b.inv_u);
+    for (; i + chunk <= n; i += chunk) {
+        int32_t d;
+        if (!span_units(src, i, nullptr, wa, kChunkBlocks, b, d) || S + d >= (1 << 24)) {
+            failed = true;
+            break;
+        }
+        S += d;
+    }
+    s = (float)S * b.u;
+    return i;
+}
+
+template <class Src>
+float total(const Src& src, int64_t n, float* wa, float s = 0.0f) {
     const int64_t chunk = kChunkBlocks * kLanes;
     int64_t i = 0;
     for (; i + chunk <= n; i += chunk) {
-        if (add_span(src, i, wa, kChunkBlocks, s)) continue;
+        bool failed;
+        i = add_chunks_at_one_unit(src, i, n, wa, s, failed);
+        if (i + chunk > n) break;
+        if (!failed && add_span(src, i, wa, kChunkBlocks, s)) continue;
         for (int64_t k = i; k < i + chunk; k += kLanes)   // a binade change or a tie: block by block
             if (!add_span(src, k, wa, 1, s)) add_plain(src, k, wa, kLanes, s);
     }
@@ -398,12 +425,36 @@ int64_t walk_plain(const Src& src, int64_t i0, int64_t m, float& r) {
     return binade::seq_walk_plain(wb, m, r);
 }
 
+// The walk's counterpart of add_chunks_at_one_unit: whole chunks taken from r as its integer count
+// R of one unit while every step stays above the binade's floor (R > 2^23 after the chunk).
+template <class Src>
+int64_t walk_chunks_at_one_unit(const Src& src, const float* wa, int64_t i, int64_t n, float& r, bool& failed) {
+    const int64_t chunk = kChunkBlocks * kLanes;
+    failed = false;
+    if (!(r >= binade::kModelMin && r <= binade::kModelMax) || skips_zeros(src)) return i;
+    const binade::Unit b = binade::unit_of(r);
+    int32_t R = (int32_t)(r * b.inv_u);
+    for (; i + chunk <= n; i += chunk) {
+        int32_t d;
+        if (!span_units(src, i, wa, nullptr, kChunkBlocks, b, d) || R - d <= (1 << 23)) {
+            failed = true;
+            break;
+        }
+        R -= d;
+    }
+    r = (float)R * b.u;
+    return i;
+}
+
 template <class Src>
 int64_t walk(const Src& src, const float* wa, int64_t n, float r) {
     const int64_t chunk = kChunkBlocks * kLanes;
     int64_t i = 0;
     for (; i + chunk <= n; i += chunk) {
-        if (walk_span(src, i, wa, kChunkBlocks, r)) continue;
+        bool failed;
+        i = walk_chunks_at_one_unit(src, wa, i, n, r, failed);
+        if (i + chunk > n) break;
+        if (!failed && walk_span(src, i, wa, kChunkBlocks, r)) continue;
         for (int64_t k = i; k < i + chunk; k += kLanes) {
             if (walk_span(src, k, wa, 1, r)) continue;
             const int64_t hit = walk_plain(src, k, kLanes, r);
@@ -420,6 +471,7 @@ int64_t walk(const Src& src, const float* wa, int64_t n, float r) {
 }  // namespace
 
 float binade_seq_sum_avx512(const float* w, int64_t n) { return total(Weights{w}, n, nullptr); }
+float binade_seq_sum_from_avx512(const float* w, int64_t n, float s) { return total(Weights{w}, n, nullptr, s); }
 
 namespace {
 

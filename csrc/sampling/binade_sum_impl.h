@@ -10,6 +10,7 @@ namespace ds4 {
 class ThreadPool;
 
 float binade_seq_sum_avx512(const float* w, int64_t n);
+float binade_seq_sum_from_avx512(const float* w, int64_t n, float s);
 float binade_seq_sum_guided_avx512(const float* w, int64_t n, const float* chunk_sum, ThreadPool& pool);
 float binade_weight_total_avx512(const float* x, int64_t n, float* wa);
 int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, float r);

@@ -2,6 +2,7 @@
 
 #include "quant/simd.h"
 #include "sampling/exp_weights.inc"
+#include "sampling/scan.h"
 
 namespace ds4 {
 
@@ -21,6 +22,23 @@ void exp_weights(const float* x, float* w, int64_t n) {
     if (sampling_avx512()) return exp_weights_avx512(x, w, n);
 #endif
     exp_weights_generic(x, w, n);
+}
+
+void exp_weights_of_logits(const float* a, int64_t n, float m, float t, bool all_finite, float* w) {
+#if defined(DS4_ARCH_X86)
+    if (sampling_avx512()) return exp_weights_of_logits_avx512(a, n, m, t, all_finite, w);
+#endif
+    constexpr int64_t kPiece = 256;
+    alignas(64) float xb[kPiece];
+    for (int64_t i = 0; i < n; i += kPiece) {
+        const int64_t len = n - i < kPiece ? n - i : kPiece;
+        if (all_finite) {
+            shifted_args_finite(a + i, len, m, t, xb);
+        } else {
+            shifted_args(a + i, len, m, t, xb);
+        }
+        exp_weights_generic(xb, w + i, len);
+    }
 }
 
 }  // namespace ds4

@@ -11,6 +11,10 @@ namespace ds4 {
 // and the active SIMD path allow.
 void exp_weights(const float* x, float* w, int64_t n);
 
+// w[i] = exp_weights(x[i]) of the arguments x[i] = fl(fl(a[i] - m) / t) (-inf for a non-finite
+// a[i]; all_finite: none is), without an argument array: probabilities()' whole-vocabulary pieces.
+void exp_weights_of_logits(const float* a, int64_t n, float m, float t, bool all_finite, float* w);
+
 // Whether the AVX-512 builds of the sampling loops run here (the CPU and the active SIMD path
 // allow them; DS4_SIMD=scalar turns them off).
 bool sampling_avx512();
@@ -19,6 +23,7 @@ bool sampling_avx512();
 void exp_weights_generic(const float* x, float* w, int64_t n);
 #if defined(DS4_ARCH_X86)
 void exp_weights_avx512(const float* x, float* w, int64_t n);
+void exp_weights_of_logits_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float* w);
 #endif
 
 }  // namespace ds4

@@ -7,6 +7,7 @@
 #include "sampling/exp_certified_avx512.h"
 #include "sampling/exp_weights.h"
 #include "sampling/exp_weights.inc"
+#include "sampling/scan.h"
 
 namespace ds4 {
 
@@ -66,6 +67,42 @@ void exp_weights_avx512(const float* x, float* w, int64_t n) {
         _mm256_storeu_ps(w + i, y);
     }
     exp_weights_generic(x + i, w + i, n - i);
+}
+
+// exp_weights_of_logits: 8 logits per step, their arguments by shifted_args' float operations
+// (subtract, divide unless t is 1, -inf where the logit is not finite unless none is), then the
+// certified evaluation above with the exact fallback on the same arguments: exp_weights' bits
+// without writing and re-reading an argument array (docs/sampling.md, "Ninth round").
+template <bool kDivide, bool kAllFinite>
+static void exp_weights_of_logits_loop(const float* a, int64_t n, float m, float t, float* w) {
+    const certified_exp::Table tab;
+    const __m256 mv = _mm256_set1_ps(m), tv = _mm256_set1_ps(t), neg_inf = _mm256_set1_ps(-__builtin_inff());
+    for (int64_t i = 0; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(a + i);
+        __m256 xf = _mm256_sub_ps(v, mv);
+        if (kDivide) xf = _mm256_div_ps(xf, tv);
+        if (!kAllFinite)
+            xf = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_EQ_OQ), neg_inf, xf);
+        __mmask8 uncertain;
+        __m256 y = certified_exp::eval8(xf, tab, uncertain);
+        if (__builtin_expect(uncertain != 0, 0)) y = exact8(xf);
+        _mm256_storeu_ps(w + i, y);
+    }
+}
+
+void exp_weights_of_logits_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float* w) {
+    const int64_t body = n & ~(int64_t)7;
+    if (t != 1.0f) {
+        all_finite ? exp_weights_of_logits_loop<true, true>(a, body, m, t, w)
+                   : exp_weights_of_logits_loop<true, false>(a, body, m, t, w);
+    } else {
+        all_finite ? exp_weights_of_logits_loop<false, true>(a, body, m, t, w)
+                   : exp_weights_of_logits_loop<false, false>(a, body, m, t, w);
+    }
+    if (body == n) return;
+    alignas(32) float xb[8];
+    shifted_args(a + body, n - body, m, t, xb);
+    exp_weights_generic(xb, w + body, n - body);
 }
 
 }  // namespace ds4

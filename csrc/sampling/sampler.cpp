@@ -9,6 +9,7 @@
 #include "sampling/binade_sum.h"
 #include "sampling/exp_weights.h"
 #include "sampling/rng.h"
+#include "sampling/scale_weights.h"
 #include "sampling/sampling_pool.h"
 #include "sampling/scan.h"
 
@@ -181,12 +182,6 @@ DS4_SAMPLING_HOT float block_max(const float* a, int64_t m, float init) {
     float r = lanes_max(acc, init);
     for (; i < m; ++i) r = a[i] > r ? a[i] : r;
     return r;
-}
-
-// out[i] = (float)((double)w[i] * inv): probabilities() (a clone per ISA: the conversions and
-// multiplies are the same IEEE operations in either).
-DS4_SAMPLING_HOT void scale_weights(const float* w, int64_t n, double inv, float* out) {
-    for (int64_t i = 0; i < n; ++i) out[i] = (float)((double)w[i] * inv);
 }
 
 // out[c] = the float sum, in some order, of w[c * 128, (c + 1) * 128) for c in [c0, c1): the guides
@@ -550,18 +545,10 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
         // probabilities(): every exact weight is needed anyway, and their sequential sum is the
         // total (the binade sum of exact terms needs no exponential and no certificate). In pieces
         // that stay in cache between the exponential and the sum; the sum runs on from piece to
-        // piece (binade_seq_until with a stop that never comes: fl(s / 1) >= inf needs an
-        // infinite s, and weights are at most 1).
-        // With every logit finite the arguments need no finiteness test.
+        // piece (binade_seq_sum_from). The exponential takes each argument as it reads the logit
+        // (no argument array; with every logit finite, without the finiteness test).
         constexpr int64_t kPiece = 2048;
-        auto weigh = [&](int64_t i, int64_t len, float* xb) {
-            if (all_finite) {
-                shifted_args_finite(a + i, len, m, t, xb);
-            } else {
-                shifted_args(a + i, len, m, t, xb);
-            }
-            exp_weights(xb, exact_into_ + i, len);
-        };
+        auto weigh = [&](int64_t i, int64_t len) { exp_weights_of_logits(a + i, len, m, t, all_finite, exact_into_ + i); };
         ThreadPool* const pool = n >= (1 << 15) ? sampling_pool() : nullptr;
         if (pool) {
             // On the pool: the pieces' weights and each chunk's float sum (a guide to the running
@@ -570,22 +557,20 @@ void Sampler::keep_all_finite(const float* a, int64_t n, float m, float lowest, 
             chunk_sums_.resize((size_t)chunks);
             static_assert(kPiece % kBinadeChunk == 0, "pieces hold whole chunks");
             pool->parallel_for((n + kPiece - 1) / kPiece, [&](int64_t q0, int64_t q1) {
-                alignas(64) float xb[kPiece];
                 for (int64_t q = q0; q < q1; ++q) {
                     const int64_t i = q * kPiece, len = std::min(kPiece, n - i);
-                    weigh(i, len, xb);
+                    weigh(i, len);
                     static_assert(kBinadeChunk == 128, "chunk_sums' chunk");
                     chunk_sums(exact_into_, i / kBinadeChunk, std::min(chunks, (i + len) / kBinadeChunk), chunk_sums_.data());
                 }
             }, 4);
             total = binade_seq_sum_guided(exact_into_, n, chunk_sums_.data(), *pool);
         } else {
-            alignas(64) float xb[kPiece];
             total = 0.0f;
             for (int64_t i = 0; i < n; i += kPiece) {
                 const int64_t len = std::min(kPiece, n - i);
-                weigh(i, len, xb);
-                binade_seq_until(exact_into_ + i, len, 1.0f, std::numeric_limits<float>::infinity(), total);
+                weigh(i, len);
+                total = binade_seq_sum_from(exact_into_ + i, len, total);
             }
         }
         if (!(total > 0.0f && std::isfinite(total))) return;
