@@ -8,6 +8,7 @@
 
 #include "sampling/binade_sum_impl.h"
 #include "sampling/bucket_collect.h"
+#include "sampling/bucket_units.h"
 #include "sampling/exp_weights.h"
 #include "sampling/scan.h"
 
@@ -35,12 +36,12 @@ namespace {
 #define DS4_BUCKET_HOT
 #endif
 
-constexpr float kShifter = 0x1.8p23f;   // y + 1.5 * 2^23 rounds 0 <= y < 2^22 to an integer
 
 std::atomic<float> g_min_kept{40000.0f};
 std::atomic<int64_t> g_selections{0};
 std::atomic<int64_t> g_prefix_selections{0};
 std::atomic<float> g_prefix_min{1024.0f};
+std::atomic<float> g_early_max{50000.0f};
 std::atomic<int64_t> g_collections{0};
 std::atomic<int> g_plan{0};
 
@@ -55,6 +56,27 @@ DS4_BUCKET_HOT void bucket_index(const float* a, int64_t n, float hi, float scal
         d = d < top ? d : top;
         if (!all_finite && !(v - v == 0.0f)) d = none;
         out[i] = (uint16_t)(int32_t)d;
+    }
+}
+
+// The same for a collected prefix, whose logits are read by id: a[sub[j]] (all finite).
+DS4_BUCKET_HOT void bucket_index_sub(const float* a, const int32_t* sub, int64_t n, float hi, float scale, float top,
+                                     uint16_t* out) {
+    for (int64_t j = 0; j < n; ++j) {
+        float d = (hi - a[sub[j]]) * scale;
+        d = d < top ? d : top;
+        out[j] = (uint16_t)(int32_t)d;
+    }
+}
+
+// A packed prefix (collect_prefix's words): its ids, and as bucket index the level's range,
+// level * nb >> fine_bits (monotone in the level, so in the logit; equal logits share it).
+DS4_BUCKET_HOT void unpack_prefix(const uint32_t* w, int64_t n, int id_bits, int fine_bits, uint32_t nb, int32_t* ids,
+                                  uint16_t* out) {
+    const uint32_t mask = (uint32_t)((1ull << id_bits) - 1);
+    for (int64_t j = 0; j < n; ++j) {
+        ids[j] = (int32_t)(w[j] & mask);
+        out[j] = (uint16_t)(((w[j] >> id_bits) * nb) >> fine_bits);
     }
 }
 
@@ -86,45 +108,6 @@ DS4_BUCKET_HOT void bucket_arguments(int nb, double inv_scale, float dmax, float
         xa[k] = -(dhi / t);   // t = 1: d itself, as shifted_args
         xb[k] = -((dlo < dhi ? dlo : dhi) / t);
     }
-}
-
-// The rounded units of approximate weights w (y = w * inv_u, exact: inv_u is a power of two) whose
-// exact values lie within y * rel (plus far below 2^-40) of y: false when any rounding is uncertain.
-// The bounds fl(y (1 -+ 2 rel)) still enclose the exact value strictly after their own rounding
-// (the factor 2 covers it), and adding 1.5 * 2^23 rounds each to an integer: equal integers mean
-// the exact value rounds to it and is no half-integer. Terms above 2^21 units are never certain.
-DS4_BUCKET_HOT bool approx_units(const float* wa, const int32_t* ids, int64_t m, float inv_u, float rel, int64_t& units) {
-    const float up = 1.0f + 2.0f * rel, down = 1.0f - 2.0f * rel;
-    int64_t acc = 0;
-    int bad = 0;
-    for (int64_t j = 0; j < m; ++j) {
-        const float y0 = wa[ids[j]] * inv_u;
-        const bool big = !(y0 <= 0x1p21f);   // (NaN too)
-        const float y = big ? 0.0f : y0;     // keeps the conversion below defined
-        const float h = y * up + kShifter;
-        const float l = y * down + kShifter;
-        bad |= (h != l) | big;
-        acc += (int32_t)(h - kShifter);
-    }
-    units = acc;
-    return !bad;
-}
-
-// The same for exact weights: false on a half-integer (a tie) or a term above 2^22 units.
-DS4_BUCKET_HOT bool exact_units(const float* w, int64_t m, float inv_u, int64_t& units) {
-    int64_t acc = 0;
-    int bad = 0;
-    for (int64_t j = 0; j < m; ++j) {
-        const float y0 = w[j] * inv_u;
-        const bool big = !(y0 <= 0x1p22f);
-        const float y = big ? 0.0f : y0;
-        const float q = (y + kShifter) - kShifter;   // round to nearest (exact below 2^22)
-        const float off = y - q;                      // exact
-        bad |= (off == 0.5f) | (off == -0.5f) | big;
-        acc += (int32_t)q;
-    }
-    units = acc;
-    return !bad;
 }
 
 // A logit's sort key: larger logits get smaller keys; -0.0 and 0.0 are one key.
@@ -164,6 +147,8 @@ void set_bucket_top_p_min_kept(float v) { g_min_kept.store(v, std::memory_order_
 int64_t bucket_top_p_selections() { return g_selections.load(std::memory_order_relaxed); }
 float bucket_top_p_prefix_min() { return g_prefix_min.load(std::memory_order_relaxed); }
 void set_bucket_top_p_prefix_min(float v) { g_prefix_min.store(v, std::memory_order_relaxed); }
+float bucket_top_p_early_max() { return g_early_max.load(std::memory_order_relaxed); }
+void set_bucket_top_p_early_max(float v) { g_early_max.store(v, std::memory_order_relaxed); }
 int64_t bucket_top_p_prefix_selections() { return g_prefix_selections.load(std::memory_order_relaxed); }
 int64_t bucket_top_p_collections() { return g_collections.load(std::memory_order_relaxed); }
 int bucket_top_p_plan() { return g_plan.load(std::memory_order_relaxed); }
@@ -186,6 +171,11 @@ void BucketTopP::exact_weights(const int32_t* ids, int64_t m, float* out) {
     for (int64_t j = 0; j < m; ++j) v[j] = in_.a[ids[j]];
     shifted_args(v, m, in_.m, in_.t, x);
     exp_weights(x, out, m);
+}
+
+void BucketTopP::prefetch_approx(int k) const {
+    const int32_t* ids = ids_.p.get();
+    for (uint32_t j = off_[k]; j < off_[k + 1]; ++j) __builtin_prefetch(in_.wa + ids[j]);
 }
 
 void BucketTopP::make_exact(int k) {
@@ -222,7 +212,8 @@ void BucketTopP::scatter(int64_t n, int nb, int64_t n_finite) {
     const uint16_t* bix = bix_.get(n);
     uint32_t* cur = cur_.get(nb + 1);
     std::memcpy(cur, off_.get(nb + 2), sizeof(uint32_t) * (size_t)nb);
-    int32_t* ids = ids_.get(n_finite + 1);
+    int32_t* ids = ids_.get(n_finite + kUnitsIdPad);
+    std::fill(ids + n_finite, ids + n_finite + kUnitsIdPad, 0);   // (approx_units reads past a bucket)
     w_.get(n_finite + 1);   // the exact weights of buckets that need them, by position
     if (const int32_t* sub = in_.sub) {   // a prefix: every candidate finite
         for (int64_t i = 0; i < n; ++i) ids[cur[bix[i]]++] = sub[i];
@@ -350,6 +341,19 @@ void BucketTopP::plan(int k0, float v0, bool walk) {
     }
 }
 
+// Whether a collected prefix clearly holds less than top_p of the total, from its bucket counts
+// (off[k + 1], not yet summed) and each bucket's largest weight: then no stop lies inside, and
+// the partition's passes are skipped (the caller's fallback decides, so this is a guess with a
+// 2 % margin, not a proof: a wrong answer only costs time). A bucket of the prefix's logit range
+// starts about k (hi - lo) / nb below hi (either bucket index), its weights at most
+// exp(-k (hi - lo) / (nb t)).
+bool BucketTopP::prefix_too_light(const uint32_t* off, int nb) const {
+    const double q = std::exp(-((double)in_.hi - (double)in_.lo) / ((double)nb * (double)in_.t));
+    double w = 1.0, mass = 0.0;
+    for (int k = 0; k < nb; ++k, w *= q) mass += (double)off[k + 1] * w;
+    return mass * 1.02 < (double)in_.top_p * (double)in_.total;
+}
+
 // The smallest S in [2^23, 2^24) whose sum S u has fl(S u / total) >= top_p (2^24: none). The
 // ratio never decreases with S, so a bucket whose end S + R stays below it holds no stop.
 int64_t BucketTopP::stop_units(float u) const {
@@ -379,6 +383,7 @@ void BucketTopP::collect() {
         if (pass == 2) exact_end_ = next_;
     }
     bucket_collect(bix_.get(in_.n), in_.n, want_.get(nb + 1), nb, cur, ids_.get(1), hits_.get(in_.n + 64));
+    std::fill(&ids_[next_], &ids_[next_] + kUnitsIdPad, 0);   // (approx_units reads past a bucket)
     // One call for the batch's exact weights costs less than one per bucket.
     exact_weights(&ids_[first], exact_end_ - first, &w_[first]);
     for (int j = 0; j < n_wanted_; ++j) {
@@ -398,21 +403,26 @@ bool BucketTopP::select(const BucketTopPInput& in) {
     if (!(scale <= FLT_MAX)) scale = FLT_MAX;   // still monotone; the clamp keeps indices in range
 
     uint16_t* bix = bix_.get(in.n);
-    if (in.sub) {
-        bucket_index(in.sub_vals, in.n, in.hi, scale, (float)(nb - 1), (float)nb, true, bix);
+    if (in.packed) {
+        if (in.fine_bits < 1 || in.fine_bits > 16 || in.id_bits < 1 || in.id_bits + in.fine_bits > 32) return false;
+        in_.sub = sub_.get(in.n);
+        unpack_prefix(in.packed, in.n, in.id_bits, in.fine_bits, (uint32_t)nb, sub_.get(in.n), bix);
+    } else if (in.sub) {
+        bucket_index_sub(in.a, in.sub, in.n, in.hi, scale, (float)(nb - 1), bix);
     } else {
         bucket_index(in.a, in.n, in.hi, scale, (float)(nb - 1), (float)nb, in.all_finite, bix);
     }
     // A counting sort into buckets: bucket k's segment is [off_[k], off_[k + 1]).
     uint32_t* off = off_.get(nb + 2);
     count_buckets(bix, in.n, nb, off, cur_.get(nb + 2));
+    if (in_.sub && !in_.w_exact && in_.m == in_.hi && prefix_too_light(off, nb)) return false;
     for (int k = 0; k < nb; ++k) off[k + 1] += off[k];
     const int64_t n_finite = off[nb];
-    lazy_ = in.sub == nullptr;
+    lazy_ = in_.sub == nullptr;
     if (lazy_) {
         // The whole vocabulary: ids only for the buckets that need them (collect), the rest
         // certified from their weight bounds.
-        ids_.get(n_finite + 1);
+        ids_.get(n_finite + kUnitsIdPad);
         w_.get(n_finite + 1);
         std::memset(state_.get(nb), kNone, (size_t)nb);
         std::memset(want_.get(nb + 1), 0, (size_t)nb + 1);
@@ -437,6 +447,7 @@ bool BucketTopP::select(const BucketTopPInput& in) {
     int64_t S = 0, lim = 0;
     for (int k = 0; k < nb; ++k) {
         const int64_t c = count(k);
+        if (!lazy_ && k + kPrefetchAhead < nb) prefetch_approx(k + kPrefetchAhead);
         if (c == 0) continue;
         if (!fast && in_model(s)) {
             un = binade::unit_of(s);
@@ -462,7 +473,7 @@ bool BucketTopP::select(const BucketTopPInput& in) {
             kept_stop_ = hit + 1;
             kept_ = off_[k] + hit + 1;
             sum_ = s;
-            (in.sub ? g_prefix_selections : g_selections).fetch_add(1, std::memory_order_relaxed);
+            (lazy_ ? g_selections : g_prefix_selections).fetch_add(1, std::memory_order_relaxed);
             return true;
         }
     }

@@ -7,6 +7,7 @@
 
 #include "common/thread_pool.h"
 #include "sampling/binade_sum.h"
+#include "sampling/bucket_collect.h"
 #include "sampling/exp_weights.h"
 #include "sampling/rng.h"
 #include "sampling/sampling_pool.h"
@@ -399,11 +400,23 @@ float Sampler::max_and_prefix(const float* a, int64_t n, float d, int64_t* n_fin
     // final one slowly, and the superset, three times the prefix, cost more than the pass it saved.)
     // When every finite logit is within d (a high temperature) nothing is collected: the whole
     // vocabulary is no prefix worth bucketing apart from the whole-vocabulary branch.
+    // Each collected token is one word, its id and its level on a grid below m (bucket_collect.h):
+    // the bucket partition's index without reading the logits again (docs/sampling.md, "Ninth round").
     const float m = finite_max(a, n, n_finite, lowest);
     *floor_out = kNegInf;
     const float floor = m - d;
     if (m == kNegInf || !(floor > *lowest)) return m;
-    collect_logits_at_least(a, n, floor);
+    // A long prefix costs more to collect and partition than the mass threshold's tighter floor
+    // (or the whole-vocabulary partition) after the total: not collected (bucket_topp.h).
+    if ((float)estimate_count_at_least(a, n, floor) > bucket_top_p_early_max()) return m;
+    PrefixGrid& g = prefix_grid_;
+    g.hi = m;
+    g.id_bits = std::max(1, 64 - __builtin_clzll((unsigned long long)(n - 1) | 1));
+    g.fine_bits = std::min(16, 32 - g.id_bits);
+    const float scale = (float)(1u << g.fine_bits) / (m - floor);
+    g.scale = scale <= std::numeric_limits<float>::max() ? scale : std::numeric_limits<float>::max();
+    packed_.resize((size_t)n + 64);
+    packed_.resize((size_t)collect_prefix(a, n, floor, g, *n_finite == n, packed_.data()));
     *floor_out = floor;
     return m;
 }
@@ -465,8 +478,17 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         return filter_sorted(total, top_p, min_p, (int64_t)ids_.size() == n_finite);
     };
     if (prefix_floor > kNegInf) {
-        if (select_prefix_buckets(a, m, prefix_floor, t, total, top_p)) return;
-        if ((float)ids_.size() < bucket_top_p_prefix_min()) {
+        if (select_prefix_buckets(a, m, prefix_floor, t, total, top_p, true)) return;
+        if ((float)packed_.size() < bucket_top_p_prefix_min()) {
+            // (max_and_prefix collected packed words: the ids, and their logits read again)
+            const size_t k = packed_.size();
+            const uint32_t mask = (uint32_t)((1ull << prefix_grid_.id_bits) - 1);
+            ids_.resize(k);
+            vals_.resize(k);
+            for (size_t j = 0; j < k; ++j) {
+                ids_[j] = (int32_t)(packed_[j] & mask);
+                vals_[j] = a[ids_[j]];
+            }
             done = sort_and_filter();
         }
     }
@@ -486,7 +508,10 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // (approximate) weights hold a little more than that are a sorted prefix that very likely
         // contains the stop; filter_sorted checks that it does, else the pools below decide.
         // A second, 4x lower guess covers an unlucky estimate before the pools take over.
-        float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_, w_);
+        // (The 2 % margin, capped halfway to the whole total: above top_p .98 it would ask for more
+        // than the total, no guess would come back, and the pools would sort everything.)
+        const double target = std::min((double)top_p * 1.02, 0.5 * (1.0 + (double)top_p)) * (double)total;
+        float c = mass_threshold(wall_.data(), n, target, tmp_ids_, w_);
         // About as many tokens are kept as weigh >= c; more than min_kept only if c is small
         // enough for that many to hold no more than about top_p of the total (then counted).
         if (!buckets_tried && c > 0.0f && (double)c * min_kept < 1.25 * (double)top_p * (double)total &&
@@ -496,7 +521,7 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
             const float floor = logit_floor(m, t, c);
             collect_logits_at_least(a, n, floor);
-            if (select_prefix_buckets(a, m, floor, t, total, top_p)) return;
+            if (select_prefix_buckets(a, m, floor, t, total, top_p, false)) return;
             done = sort_and_filter();
         }
     }
@@ -525,16 +550,22 @@ bool Sampler::select_buckets(const float* a, int64_t n, float m, float lowest, b
     return true;
 }
 
-bool Sampler::select_prefix_buckets(const float* a, float m, float floor, float t, float total, float top_p) {
-    // The collected prefix (ids_/vals_: every finite logit >= floor) through the bucket partition
-    // instead of a radix sort: only the buckets where the order can change a bit are sorted. Short
-    // prefixes sort faster than they bucket (docs/sampling.md, "Sixth round").
-    const int64_t k = (int64_t)ids_.size();
+bool Sampler::select_prefix_buckets(const float* a, float m, float floor, float t, float total, float top_p,
+                                    bool packed) {
+    // The collected prefix (every finite logit >= floor: packed_, or ids_ with vals_) through the
+    // bucket partition instead of a radix sort: only the buckets where the order can change a bit
+    // are sorted. Short prefixes sort faster than they bucket (docs/sampling.md, "Sixth round").
+    const int64_t k = packed ? (int64_t)packed_.size() : (int64_t)ids_.size();
     if ((float)k < bucket_top_p_prefix_min() || !(floor > kNegInf)) return false;
     BucketTopPInput in{a, k, m, floor, true, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
     in.buckets = (int)std::min<int64_t>(4096, std::max<int64_t>(16, k / kPrefixTokensPerBucket));
-    in.sub = ids_.data();
-    in.sub_vals = vals_.data();
+    if (packed) {
+        in.packed = packed_.data();
+        in.id_bits = prefix_grid_.id_bits;
+        in.fine_bits = prefix_grid_.fine_bits;
+    } else {
+        in.sub = ids_.data();
+    }
     if (!bucket_.select(in)) return false;   // no stop inside the prefix: the sorted path decides
     c_ = Candidates{true, c_.no_draw, bucket_.last(), nullptr, nullptr, bucket_.count(), bucket_.sum()};
     c_.buckets = &bucket_;
