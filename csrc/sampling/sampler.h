@@ -98,9 +98,13 @@ private:
     void select_min_p(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float min_p);
     // The bucket partition's kept set (bucket_topp.h); false when it does not decide.
     bool select_buckets(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float total, float top_p);
-    // The top-p prefix (every finite logit >= floor: packed_, else ids_) through the bucket
-    // partition; false when too short for it or when the prefix does not hold the stop.
-    bool select_prefix_buckets(const float* a, float m, float floor, float t, float total, float top_p, bool packed);
+    // The top-p prefix in packed_ (every finite logit >= floor) through the bucket partition;
+    // false when too short for it or when the prefix does not hold the stop.
+    bool select_prefix_buckets(const float* a, float m, float floor, float t, float total, float top_p);
+    // packed_ = every finite logit >= floor (floor finite, below m: the largest finite logit) as
+    // collect_prefix's words on prefix_grid_; unpack_packed: their ids and logits into ids_/vals_.
+    void collect_packed(const float* a, int64_t n, float m, float floor, bool all_finite);
+    void unpack_packed(const float* a);
     void keep_all_finite(const float* a, int64_t n, float m, float lowest, float t, bool all_finite);
     // All finite logits equal (n_finite of them, fewer than 2^24): every weight is exp(0) = 1.
     void select_equal(const float* a, int64_t n, int64_t n_finite, float top_p, float min_p);
