@@ -8,7 +8,6 @@
 
 #include "sampling/binade_sum_impl.h"
 #include "sampling/bucket_collect.h"
-#include "sampling/bucket_units.h"
 #include "sampling/exp_weights.h"
 #include "sampling/scan.h"
 
@@ -36,6 +35,7 @@ namespace {
 #define DS4_BUCKET_HOT
 #endif
 
+constexpr float kShifter = 0x1.8p23f;   // y + 1.5 * 2^23 rounds 0 <= y < 2^22 to an integer
 
 std::atomic<float> g_min_kept{40000.0f};
 std::atomic<int64_t> g_selections{0};
@@ -110,6 +110,45 @@ DS4_BUCKET_HOT void bucket_arguments(int nb, double inv_scale, float dmax, float
     }
 }
 
+// The rounded units of approximate weights w (y = w * inv_u, exact: inv_u is a power of two) whose
+// exact values lie within y * rel (plus far below 2^-40) of y: false when any rounding is uncertain.
+// The bounds fl(y (1 -+ 2 rel)) still enclose the exact value strictly after their own rounding
+// (the factor 2 covers it), and adding 1.5 * 2^23 rounds each to an integer: equal integers mean
+// the exact value rounds to it and is no half-integer. Terms above 2^21 units are never certain.
+DS4_BUCKET_HOT bool approx_units(const float* wa, const int32_t* ids, int64_t m, float inv_u, float rel, int64_t& units) {
+    const float up = 1.0f + 2.0f * rel, down = 1.0f - 2.0f * rel;
+    int64_t acc = 0;
+    int bad = 0;
+    for (int64_t j = 0; j < m; ++j) {
+        const float y0 = wa[ids[j]] * inv_u;
+        const bool big = !(y0 <= 0x1p21f);   // (NaN too)
+        const float y = big ? 0.0f : y0;     // keeps the conversion below defined
+        const float h = y * up + kShifter;
+        const float l = y * down + kShifter;
+        bad |= (h != l) | big;
+        acc += (int32_t)(h - kShifter);
+    }
+    units = acc;
+    return !bad;
+}
+
+// The same for exact weights: false on a half-integer (a tie) or a term above 2^22 units.
+DS4_BUCKET_HOT bool exact_units(const float* w, int64_t m, float inv_u, int64_t& units) {
+    int64_t acc = 0;
+    int bad = 0;
+    for (int64_t j = 0; j < m; ++j) {
+        const float y0 = w[j] * inv_u;
+        const bool big = !(y0 <= 0x1p22f);
+        const float y = big ? 0.0f : y0;
+        const float q = (y + kShifter) - kShifter;   // round to nearest (exact below 2^22)
+        const float off = y - q;                      // exact
+        bad |= (off == 0.5f) | (off == -0.5f) | big;
+        acc += (int32_t)q;
+    }
+    units = acc;
+    return !bad;
+}
+
 // A logit's sort key: larger logits get smaller keys; -0.0 and 0.0 are one key.
 inline uint32_t order_key(float v) {
     v = v + 0.0f;
@@ -154,11 +193,11 @@ int64_t bucket_top_p_collections() { return g_collections.load(std::memory_order
 int bucket_top_p_plan() { return g_plan.load(std::memory_order_relaxed); }
 void set_bucket_top_p_plan(int v) { g_plan.store(v, std::memory_order_relaxed); }
 
-DS4_BUCKET_HOT int64_t estimate_count_at_least(const float* w, int64_t n, float c) {
+DS4_BUCKET_HOT int64_t estimate_count_at_least(const float* w, int64_t n, float c, int every) {
     int64_t k = 0;
-    for (int64_t b = 0; b + 16 <= n; b += 64)
+    for (int64_t b = 0; b + 16 <= n; b += 16 * (int64_t)every)
         for (int j = 0; j < 16; ++j) k += w[b + j] >= c;
-    return 4 * k;
+    return every * k;
 }
 
 void BucketTopP::exact_weights(const int32_t* ids, int64_t m, float* out) {
@@ -171,11 +210,6 @@ void BucketTopP::exact_weights(const int32_t* ids, int64_t m, float* out) {
     for (int64_t j = 0; j < m; ++j) v[j] = in_.a[ids[j]];
     shifted_args(v, m, in_.m, in_.t, x);
     exp_weights(x, out, m);
-}
-
-void BucketTopP::prefetch_approx(int k) const {
-    const int32_t* ids = ids_.p.get();
-    for (uint32_t j = off_[k]; j < off_[k + 1]; ++j) __builtin_prefetch(in_.wa + ids[j]);
 }
 
 void BucketTopP::make_exact(int k) {
@@ -212,8 +246,7 @@ void BucketTopP::scatter(int64_t n, int nb, int64_t n_finite) {
     const uint16_t* bix = bix_.get(n);
     uint32_t* cur = cur_.get(nb + 1);
     std::memcpy(cur, off_.get(nb + 2), sizeof(uint32_t) * (size_t)nb);
-    int32_t* ids = ids_.get(n_finite + kUnitsIdPad);
-    std::fill(ids + n_finite, ids + n_finite + kUnitsIdPad, 0);   // (approx_units reads past a bucket)
+    int32_t* ids = ids_.get(n_finite + 1);
     w_.get(n_finite + 1);   // the exact weights of buckets that need them, by position
     if (const int32_t* sub = in_.sub) {   // a prefix: every candidate finite
         for (int64_t i = 0; i < n; ++i) ids[cur[bix[i]]++] = sub[i];
@@ -348,10 +381,18 @@ void BucketTopP::plan(int k0, float v0, bool walk) {
 // starts about k (hi - lo) / nb below hi (either bucket index), its weights at most
 // exp(-k (hi - lo) / (nb t)).
 bool BucketTopP::prefix_too_light(const uint32_t* off, int nb) const {
+    // (four interleaved chains of multiplies and adds: one chain waited a multiply per bucket)
     const double q = std::exp(-((double)in_.hi - (double)in_.lo) / ((double)nb * (double)in_.t));
-    double w = 1.0, mass = 0.0;
-    for (int k = 0; k < nb; ++k, w *= q) mass += (double)off[k + 1] * w;
-    return mass * 1.02 < (double)in_.top_p * (double)in_.total;
+    const double q4 = q * q * q * q;
+    double w[4] = {1.0, q, q * q, q * q * q}, mass[4] = {0.0, 0.0, 0.0, 0.0};
+    int k = 0;
+    for (; k + 4 <= nb; k += 4)
+        for (int j = 0; j < 4; ++j) {
+            mass[j] += (double)off[k + j + 1] * w[j];
+            w[j] *= q4;
+        }
+    for (int j = 0; k < nb; ++k, ++j) mass[0] += (double)off[k + 1] * w[j];
+    return (mass[0] + mass[1] + mass[2] + mass[3]) * 1.02 < (double)in_.top_p * (double)in_.total;
 }
 
 // The smallest S in [2^23, 2^24) whose sum S u has fl(S u / total) >= top_p (2^24: none). The
@@ -383,7 +424,6 @@ void BucketTopP::collect() {
         if (pass == 2) exact_end_ = next_;
     }
     bucket_collect(bix_.get(in_.n), in_.n, want_.get(nb + 1), nb, cur, ids_.get(1), hits_.get(in_.n + 64));
-    std::fill(&ids_[next_], &ids_[next_] + kUnitsIdPad, 0);   // (approx_units reads past a bucket)
     // One call for the batch's exact weights costs less than one per bucket.
     exact_weights(&ids_[first], exact_end_ - first, &w_[first]);
     for (int j = 0; j < n_wanted_; ++j) {
@@ -422,7 +462,7 @@ bool BucketTopP::select(const BucketTopPInput& in) {
     if (lazy_) {
         // The whole vocabulary: ids only for the buckets that need them (collect), the rest
         // certified from their weight bounds.
-        ids_.get(n_finite + kUnitsIdPad);
+        ids_.get(n_finite + 1);
         w_.get(n_finite + 1);
         std::memset(state_.get(nb), kNone, (size_t)nb);
         std::memset(want_.get(nb + 1), 0, (size_t)nb + 1);
@@ -447,7 +487,6 @@ bool BucketTopP::select(const BucketTopPInput& in) {
     int64_t S = 0, lim = 0;
     for (int k = 0; k < nb; ++k) {
         const int64_t c = count(k);
-        if (!lazy_ && k + kPrefetchAhead < nb) prefetch_approx(k + kPrefetchAhead);
         if (c == 0) continue;
         if (!fast && in_model(s)) {
             un = binade::unit_of(s);

@@ -76,8 +76,6 @@ private:
     void collect();
     int64_t stop_units(float u) const;
     void make_exact(int k);
-    static constexpr int kPrefetchAhead = 8;
-    void prefetch_approx(int k) const;
     void sort_bucket(int k);
     void exact_weights(const int32_t* ids, int64_t m, float* out);
     void scatter(int64_t n, int nb, int64_t n_finite);
@@ -153,7 +151,7 @@ int64_t bucket_top_p_collections();
 int bucket_top_p_plan();
 void set_bucket_top_p_plan(int v);
 
-// About how many w[i] >= c: every fourth block of 16 counted, times 4 (a guide only).
-int64_t estimate_count_at_least(const float* w, int64_t n, float c);
+// About how many w[i] >= c: every `every`-th block of 16 counted, times `every` (a guide only).
+int64_t estimate_count_at_least(const float* w, int64_t n, float c, int every = 4);
 
 }  // namespace ds4

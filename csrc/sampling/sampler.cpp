@@ -238,7 +238,7 @@ float mass_threshold(const float* w, int64_t n, double mass, IdVec& ids, ValVec&
     const float big = 0x1p-8f;
     const float inf = std::numeric_limits<float>::infinity();
     const int step = n >= 4096 ? 4 : 1;
-    const bool gather = estimate_count_at_least(w, n, big) < 4096;
+    const bool gather = estimate_count_at_least(w, n, big, 16) < 4096;
     int64_t n_big = 0;
     if (gather) {
         if (ids.size() < (size_t)n + 16) ids.resize((size_t)n + 16);
@@ -415,7 +415,7 @@ float Sampler::max_and_prefix(const float* a, int64_t n, float d, int64_t* n_fin
     if (m == kNegInf || !(floor > *lowest)) return m;
     // A long prefix costs more to collect and partition than the mass threshold's tighter floor
     // (or the whole-vocabulary partition) after the total: not collected (bucket_topp.h).
-    if ((float)estimate_count_at_least(a, n, floor) > bucket_top_p_early_max()) return m;
+    if ((float)estimate_count_at_least(a, n, floor, 32) > bucket_top_p_early_max()) return m;
     collect_packed(a, n, m, floor, *n_finite == n);
     *floor_out = floor;
     return m;
