@@ -169,3 +169,22 @@ def test_sampler_packed_prefix_at_other_id_widths(n):
                 _assert_plain(logits, 1.0, top_p, draws=2)
     finally:
         _core()._set_bucket_top_p_prefix_min(old)
+
+
+def test_packed_prefix_leaves_out_infinite_logits():
+    # +inf logits are never candidates; were the prefix collection to take one (it passes
+    # `>= floor`), it would sit first in the top bucket with weight 0, where only a draw of exactly
+    # 0 can see it: that draw must stop at the largest finite logit, as the plain loop does.
+    from test_sampling import _seed_with_first_uniform_zero
+
+    seed = _seed_with_first_uniform_zero()
+    g = np.random.default_rng(9)
+    logits = g.normal(0, 3, 129_280).astype(np.float32)
+    logits[g.choice(129_280, 3, replace=False)] = np.inf
+    with _EarlyMax(float("inf")):
+        for top_p in (0.9, 0.95):
+            a, b = Rng(seed), Rng(seed)
+            got = sample(logits, 1.0, 0, top_p, 0.0, a)
+            assert got == plain_sample(logits, 1.0, 0, top_p, 0.0, b) == int(np.argmax(np.where(np.isfinite(logits), logits, -np.inf)))
+            assert a.state == b.state
+            _assert_plain(logits, 1.0, top_p, draws=1)
