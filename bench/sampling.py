@@ -4,9 +4,11 @@
     PYTHONPATH=python python bench/sampling.py --quick --json /tmp/sampling.json
     PYTHONPATH=python python bench/sampling.py --sampler-threads 2 --baseline /tmp/sampling.json
 
-Three logit shapes: ``peaked`` (a few dozen strong candidates over a N(0, 2) floor, like a language
+Four logit shapes: ``peaked`` (a few dozen strong candidates over a N(0, 2) floor, like a language
 model's next-token logits), ``flat`` (N(0, 3): many tokens survive min-p, the worst case for the
-walks) and ``equal`` (every logit the same: ties everywhere, every token survives every filter).
+walks), ``small`` (N(0, 1.5), like the bundled small model's real logits: top-p keeps tens of
+thousands of tokens, docs/sampling.md "Ninth round") and ``equal`` (every logit the same: ties
+everywhere, every token survives every filter).
 Per setting: ``C++`` the sampler alone (``Sampler::sample`` in a C++ loop, median wall time),
 ``C++ cpu`` the same call's thread CPU time (steadier on a loaded machine), ``python`` one
 ``ds4.sampling.sample()`` call (argument checks, knob normalisation, RNG state in and out) and
@@ -62,6 +64,11 @@ CASES = [
     ("T 100, min_p 0", dict(temperature=100.0, min_p=0.0)),
     ("T 100 (top_p 1, min_p .05)", dict(temperature=100.0)),
     ("T 100, top_p .9, min_p 0", dict(temperature=100.0, top_p=0.9, min_p=0.0)),
+    ("top_p .95, min_p 0", dict(top_p=0.95, min_p=0.0)),
+    ("T .7, top_p .9, min_p 0", dict(temperature=0.7, top_p=0.9, min_p=0.0)),
+    ("T 1.5, top_p .9, min_p 0", dict(temperature=1.5, top_p=0.9, min_p=0.0)),
+    ("T 3, top_p .9, min_p 0", dict(temperature=3.0, top_p=0.9, min_p=0.0)),
+    ("T 7, top_p .9, min_p 0", dict(temperature=7.0, top_p=0.9, min_p=0.0)),
 ]
 PROBS_CASES = {"default (T1, top_p 1, min_p .05)", "min_p 0", "top_p .9, min_p 0", "top_k 40",
                "T 100, top_p .9, min_p 0"}
@@ -74,6 +81,8 @@ def logits_of(kind: str, seed: int = 0) -> np.ndarray:
         return g.normal(0, 3, N_VOCAB).astype(np.float32)
     if kind == "equal":
         return np.full(N_VOCAB, 1.5, dtype=np.float32)
+    if kind == "small":
+        return g.normal(0, 1.5, N_VOCAB).astype(np.float32)
     base = g.normal(0, 2, N_VOCAB)
     strong = g.choice(N_VOCAB, 40, replace=False)
     base[strong] += g.uniform(6, 14, 40)
@@ -163,14 +172,14 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p)
     p.add_argument("--sampler-threads", type=int, default=1, help="threads for the sampler's vocabulary passes")
-    p.add_argument("--kinds", default="peaked,flat,equal", help="logit shapes, comma-separated")
+    p.add_argument("--kinds", default="peaked,flat,small,equal", help="logit shapes, comma-separated")
     p.add_argument("--thread-ab", action="store_true", help="wall per call, 1 vs 2 sampler threads, interleaved")
     p.add_argument("--rounds", type=int, default=10, help="--thread-ab: interleaved rounds per setting")
     p.add_argument("--reps", type=int, default=200, help="--thread-ab: calls per round and thread count")
     p.add_argument("--pool-threads", type=int, default=2, help="--thread-ab: size of the global pool")
     args = p.parse_args(argv)
     if args.thread_ab:
-        if args.kinds == "peaked,flat,equal":
+        if args.kinds == "peaked,flat,small,equal":
             args.kinds = "peaked,flat"
         return thread_ab(args)
     if args.quick:

@@ -101,3 +101,90 @@ def test_sampler_prefix_without_the_stop_falls_back(head, head_logit, tail_logit
         a, b = Rng(draw), Rng(draw)
         assert sample(logits, 1.0, 0, top_p, 0.0, a) == plain_sample(logits, 1.0, 0, top_p, 0.0, b)
         assert a.state == b.state
+
+
+class _EarlyMax:
+    """The early top-p prefix collected up to this sampled size (0: never, inf: always)."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __enter__(self):
+        self.old = _core()._bucket_top_p_early_max()
+        _core()._set_bucket_top_p_early_max(self.v)
+
+    def __exit__(self, *exc):
+        _core()._set_bucket_top_p_early_max(self.old)
+
+
+def _assert_plain(logits, t, top_p, draws=3):
+    for draw in range(draws):
+        a, b = Rng(draw), Rng(draw)
+        assert sample(logits, t, 0, top_p, 0.0, a) == plain_sample(logits, t, 0, top_p, 0.0, b)
+        assert a.state == b.state
+    got, want = probabilities(logits, t, 0, top_p, 0.0), plain_probabilities(logits, t, 0, top_p, 0.0)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("early", [0.0, 50_000.0, float("inf")])
+@pytest.mark.parametrize("sigma, t, top_p", [(1.5, 1.0, 0.9), (1.5, 1.0, 0.5), (1.5, 1.0, 0.2), (1.5, 0.7, 0.5),
+                                             (1.0, 1.0, 0.95), (3.0, 1.0, 0.99), (3.0, 1.0, 0.999), (2.0, 1.5, 0.9)])
+def test_sampler_narrow_logits_every_route_equals_plain_reference(early, sigma, t, top_p):
+    # N(0, sigma) logits (sigma 1.5: the bundled small model's) whose top-p prefix guessed after
+    # the max pass is most of the vocabulary while few tokens are kept (docs/sampling.md, "Ninth
+    # round"): collected early and partitioned, refused as too light, or left to the mass
+    # threshold's tighter floor and the whole-vocabulary partition, the sampler picks as the plain
+    # reference does. (top_p .99 and .999 at sigma 3 take the mass threshold's capped margin.)
+    logits = np.random.default_rng(int(sigma * 10 + top_p * 1000)).normal(0, sigma, 129_280).astype(np.float32)
+    with _EarlyMax(early):
+        _assert_plain(logits, t, top_p)
+
+
+@pytest.mark.parametrize("kind", ["ties", "nonfinite", "tinyrange", "sparse"])
+def test_sampler_packed_prefix_on_awkward_logits(kind):
+    # The packed prefix (an id and a grid level in one word, the level the partition's bucket
+    # index) on logits with long tie runs, non-finite entries, a range of a few ulps, and few
+    # finite values: the prefix is collected and partitioned whatever its size.
+    logits = _vocab_logits(5, 129_280, kind)
+    old = _core()._bucket_top_p_prefix_min()
+    _core()._set_bucket_top_p_prefix_min(0.0)
+    try:
+        with _EarlyMax(float("inf")):
+            for t, top_p in ((1.0, 0.9), (1.0, 0.5), (0.7, 0.95)):
+                _assert_plain(logits, t, top_p, draws=2)
+    finally:
+        _core()._set_bucket_top_p_prefix_min(old)
+
+
+@pytest.mark.parametrize("n", [20_000, 70_000])
+def test_sampler_packed_prefix_at_other_id_widths(n):
+    # Vocabularies whose ids need 15 and 17 bits: the level takes the other 16 and 15 bits of the
+    # word (collect_prefix); the ids must come back whole.
+    logits = np.random.default_rng(n).normal(0, 3, n).astype(np.float32)
+    old = _core()._bucket_top_p_prefix_min()
+    _core()._set_bucket_top_p_prefix_min(0.0)
+    try:
+        with _EarlyMax(float("inf")):
+            for top_p in (0.9, 0.5):
+                _assert_plain(logits, 1.0, top_p, draws=2)
+    finally:
+        _core()._set_bucket_top_p_prefix_min(old)
+
+
+def test_packed_prefix_leaves_out_infinite_logits():
+    # +inf logits are never candidates; were the prefix collection to take one (it passes
+    # `>= floor`), it would sit first in the top bucket with weight 0, where only a draw of exactly
+    # 0 can see it: that draw must stop at the largest finite logit, as the plain loop does.
+    from test_sampling import _seed_with_first_uniform_zero
+
+    seed = _seed_with_first_uniform_zero()
+    g = np.random.default_rng(9)
+    logits = g.normal(0, 3, 129_280).astype(np.float32)
+    logits[g.choice(129_280, 3, replace=False)] = np.inf
+    with _EarlyMax(float("inf")):
+        for top_p in (0.9, 0.95):
+            a, b = Rng(seed), Rng(seed)
+            got = sample(logits, 1.0, 0, top_p, 0.0, a)
+            assert got == plain_sample(logits, 1.0, 0, top_p, 0.0, b) == int(np.argmax(np.where(np.isfinite(logits), logits, -np.inf)))
+            assert a.state == b.state
+            _assert_plain(logits, 1.0, top_p, draws=1)

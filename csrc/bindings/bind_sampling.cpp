@@ -149,13 +149,12 @@ void init_sampling(py::module_& m) {
               float hi = -__builtin_inff(), lo = __builtin_inff();
               bool all_finite = true;
               std::vector<int32_t> sub;   // floor given: the prefix of finite logits >= floor, as the sampler collects it
-              std::vector<float> sub_vals;
               for (int64_t i = 0; i < n; ++i) {
                   const float v = a.data()[i];
                   if (!(v - v == 0.0f)) { all_finite = false; continue; }
                   hi = std::max(hi, v);
                   lo = std::min(lo, v);
-                  if (v >= floor) { sub.push_back((int32_t)i); sub_vals.push_back(v); }
+                  if (v >= floor) sub.push_back((int32_t)i);
               }
               if (!(hi >= lo)) return py::none();
               const bool prefix = floor - floor == 0.0f;
@@ -168,7 +167,6 @@ void init_sampling(py::module_& m) {
               if (prefix) {
                   if (sub.empty()) return py::none();
                   in.sub = sub.data();
-                  in.sub_vals = sub_vals.data();
               }
               ds4::BucketTopP b;
               if (!b.select(in)) return py::none();
@@ -193,6 +191,9 @@ void init_sampling(py::module_& m) {
     m.def("_set_bucket_top_p_prefix_min", &ds4::set_bucket_top_p_prefix_min, py::arg("v"),
           "a collected top-p prefix of at least this many tokens goes through the bucket partition (inf: never)");
     m.def("_bucket_top_p_prefix_min", &ds4::bucket_top_p_prefix_min);
+    m.def("_set_bucket_top_p_early_max", &ds4::set_bucket_top_p_early_max, py::arg("v"),
+          "the top-p prefix is collected after the max pass when a sample puts it at most this long (0: never, inf: always)");
+    m.def("_bucket_top_p_early_max", &ds4::bucket_top_p_early_max);
     // The whole vocabulary's total and walk with reciprocal-argument approximations (rel from
     // _reciprocal_weight_rel; 0 falls back to the divided arguments), and that bound.
     m.def("_reciprocal_weight_rel", &ds4::reciprocal_weight_rel, py::arg("m"), py::arg("t"), py::arg("lowest"));

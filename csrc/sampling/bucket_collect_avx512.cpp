@@ -8,6 +8,44 @@
 
 namespace ds4 {
 
+int64_t collect_prefix_avx512(const float* a, int64_t n, float floor, const PrefixGrid& g, bool all_finite, uint32_t* out) {
+    const __m512 f = _mm512_set1_ps(floor), zero = _mm512_setzero_ps();
+    const __m512 hi = _mm512_set1_ps(g.hi), scale = _mm512_set1_ps(g.scale);
+    const __m512 top = _mm512_set1_ps((float)((1u << g.fine_bits) - 1));
+    const __m128i shift = _mm_cvtsi32_si128(g.id_bits);
+    __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16), step4 = _mm512_set1_epi32(64);
+    // v >= floor is false for NaN and -inf; +inf passes it, so it is tested unless all are finite.
+    auto pass = [&](__m512 v) {
+        const __mmask16 ge = _mm512_cmp_ps_mask(v, f, _CMP_GE_OQ);
+        return all_finite ? ge : (__mmask16)(ge & _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ));
+    };
+    // the word of every lane (the compress keeps those that pass): min(d, top) as collect_prefix_from's
+    // `d < top ? d : top` (d is never NaN in a lane that passes)
+    auto word = [&](__m512 v, __m512i id) {
+        const __m512 d = _mm512_min_ps(_mm512_mul_ps(_mm512_sub_ps(hi, v), scale), top);
+        return _mm512_or_si512(_mm512_sll_epi32(_mm512_cvttps_epi32(d), shift), id);
+    };
+    int64_t k = 0, i = 0;
+    // Four vectors per branch (a prefix passes a few percent of the entries: one branch per 16
+    // would go either way); the stores need none, out holding n + 64 entries.
+    for (; i + 64 <= n; i += 64) {
+        const __m512 v[4] = {_mm512_loadu_ps(a + i), _mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(a + i + 32),
+                             _mm512_loadu_ps(a + i + 48)};
+        const __mmask16 ms[4] = {pass(v[0]), pass(v[1]), pass(v[2]), pass(v[3])};
+        if (((unsigned)ms[0] | ms[1] | ms[2] | ms[3]) != 0) {
+            __m512i id = ids;
+            for (int j = 0; j < 4; ++j) {
+                _mm512_storeu_si512((void*)(out + k), _mm512_maskz_compress_epi32(ms[j], word(v[j], id)));
+                k += __builtin_popcount((unsigned)ms[j]);
+                id = _mm512_add_epi32(id, step);
+            }
+        }
+        ids = _mm512_add_epi32(ids, step4);
+    }
+    return collect_prefix_from(a, i, n, floor, g, out, k);
+}
+
 void bucket_collect_avx512(const uint16_t* bix, int64_t n, const uint8_t* want, int nb, uint32_t* cur, int32_t* ids,
                            int32_t* hits) {
     alignas(64) uint16_t words[256] = {};

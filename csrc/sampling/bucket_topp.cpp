@@ -41,6 +41,7 @@ std::atomic<float> g_min_kept{40000.0f};
 std::atomic<int64_t> g_selections{0};
 std::atomic<int64_t> g_prefix_selections{0};
 std::atomic<float> g_prefix_min{1024.0f};
+std::atomic<float> g_early_max{50000.0f};
 std::atomic<int64_t> g_collections{0};
 std::atomic<int> g_plan{0};
 
@@ -55,6 +56,27 @@ DS4_BUCKET_HOT void bucket_index(const float* a, int64_t n, float hi, float scal
         d = d < top ? d : top;
         if (!all_finite && !(v - v == 0.0f)) d = none;
         out[i] = (uint16_t)(int32_t)d;
+    }
+}
+
+// The same for a collected prefix, whose logits are read by id: a[sub[j]] (all finite).
+DS4_BUCKET_HOT void bucket_index_sub(const float* a, const int32_t* sub, int64_t n, float hi, float scale, float top,
+                                     uint16_t* out) {
+    for (int64_t j = 0; j < n; ++j) {
+        float d = (hi - a[sub[j]]) * scale;
+        d = d < top ? d : top;
+        out[j] = (uint16_t)(int32_t)d;
+    }
+}
+
+// A packed prefix (collect_prefix's words): its ids, and as bucket index the level's range,
+// level * nb >> fine_bits (monotone in the level, so in the logit; equal logits share it).
+DS4_BUCKET_HOT void unpack_prefix(const uint32_t* w, int64_t n, int id_bits, int fine_bits, uint32_t nb, int32_t* ids,
+                                  uint16_t* out) {
+    const uint32_t mask = (uint32_t)((1ull << id_bits) - 1);
+    for (int64_t j = 0; j < n; ++j) {
+        ids[j] = (int32_t)(w[j] & mask);
+        out[j] = (uint16_t)(((w[j] >> id_bits) * nb) >> fine_bits);
     }
 }
 
@@ -164,16 +186,18 @@ void set_bucket_top_p_min_kept(float v) { g_min_kept.store(v, std::memory_order_
 int64_t bucket_top_p_selections() { return g_selections.load(std::memory_order_relaxed); }
 float bucket_top_p_prefix_min() { return g_prefix_min.load(std::memory_order_relaxed); }
 void set_bucket_top_p_prefix_min(float v) { g_prefix_min.store(v, std::memory_order_relaxed); }
+float bucket_top_p_early_max() { return g_early_max.load(std::memory_order_relaxed); }
+void set_bucket_top_p_early_max(float v) { g_early_max.store(v, std::memory_order_relaxed); }
 int64_t bucket_top_p_prefix_selections() { return g_prefix_selections.load(std::memory_order_relaxed); }
 int64_t bucket_top_p_collections() { return g_collections.load(std::memory_order_relaxed); }
 int bucket_top_p_plan() { return g_plan.load(std::memory_order_relaxed); }
 void set_bucket_top_p_plan(int v) { g_plan.store(v, std::memory_order_relaxed); }
 
-DS4_BUCKET_HOT int64_t estimate_count_at_least(const float* w, int64_t n, float c) {
+DS4_BUCKET_HOT int64_t estimate_count_at_least(const float* w, int64_t n, float c, int every) {
     int64_t k = 0;
-    for (int64_t b = 0; b + 16 <= n; b += 64)
+    for (int64_t b = 0; b + 16 <= n; b += 16 * (int64_t)every)
         for (int j = 0; j < 16; ++j) k += w[b + j] >= c;
-    return 4 * k;
+    return every * k;
 }
 
 void BucketTopP::exact_weights(const int32_t* ids, int64_t m, float* out) {
@@ -350,6 +374,27 @@ void BucketTopP::plan(int k0, float v0, bool walk) {
     }
 }
 
+// Whether a collected prefix clearly holds less than top_p of the total, from its bucket counts
+// (off[k + 1], not yet summed) and each bucket's largest weight: then no stop lies inside, and
+// the partition's passes are skipped (the caller's fallback decides, so this is a guess with a
+// 2 % margin, not a proof: a wrong answer only costs time). A bucket of the prefix's logit range
+// starts about k (hi - lo) / nb below hi (either bucket index), its weights at most
+// exp(-k (hi - lo) / (nb t)).
+bool BucketTopP::prefix_too_light(const uint32_t* off, int nb) const {
+    // (four interleaved chains of multiplies and adds: one chain waited a multiply per bucket)
+    const double q = std::exp(-((double)in_.hi - (double)in_.lo) / ((double)nb * (double)in_.t));
+    const double q4 = q * q * q * q;
+    double w[4] = {1.0, q, q * q, q * q * q}, mass[4] = {0.0, 0.0, 0.0, 0.0};
+    int k = 0;
+    for (; k + 4 <= nb; k += 4)
+        for (int j = 0; j < 4; ++j) {
+            mass[j] += (double)off[k + j + 1] * w[j];
+            w[j] *= q4;
+        }
+    for (int j = 0; k < nb; ++k, ++j) mass[0] += (double)off[k + 1] * w[j];
+    return (mass[0] + mass[1] + mass[2] + mass[3]) * 1.02 < (double)in_.top_p * (double)in_.total;
+}
+
 // The smallest S in [2^23, 2^24) whose sum S u has fl(S u / total) >= top_p (2^24: none). The
 // ratio never decreases with S, so a bucket whose end S + R stays below it holds no stop.
 int64_t BucketTopP::stop_units(float u) const {
@@ -398,17 +443,22 @@ bool BucketTopP::select(const BucketTopPInput& in) {
     if (!(scale <= FLT_MAX)) scale = FLT_MAX;   // still monotone; the clamp keeps indices in range
 
     uint16_t* bix = bix_.get(in.n);
-    if (in.sub) {
-        bucket_index(in.sub_vals, in.n, in.hi, scale, (float)(nb - 1), (float)nb, true, bix);
+    if (in.packed) {
+        if (in.fine_bits < 1 || in.fine_bits > 16 || in.id_bits < 1 || in.id_bits + in.fine_bits > 32) return false;
+        in_.sub = sub_.get(in.n);
+        unpack_prefix(in.packed, in.n, in.id_bits, in.fine_bits, (uint32_t)nb, sub_.get(in.n), bix);
+    } else if (in.sub) {
+        bucket_index_sub(in.a, in.sub, in.n, in.hi, scale, (float)(nb - 1), bix);
     } else {
         bucket_index(in.a, in.n, in.hi, scale, (float)(nb - 1), (float)nb, in.all_finite, bix);
     }
     // A counting sort into buckets: bucket k's segment is [off_[k], off_[k + 1]).
     uint32_t* off = off_.get(nb + 2);
     count_buckets(bix, in.n, nb, off, cur_.get(nb + 2));
+    if (in_.sub && !in_.w_exact && in_.m == in_.hi && prefix_too_light(off, nb)) return false;
     for (int k = 0; k < nb; ++k) off[k + 1] += off[k];
     const int64_t n_finite = off[nb];
-    lazy_ = in.sub == nullptr;
+    lazy_ = in_.sub == nullptr;
     if (lazy_) {
         // The whole vocabulary: ids only for the buckets that need them (collect), the rest
         // certified from their weight bounds.
@@ -462,7 +512,7 @@ bool BucketTopP::select(const BucketTopPInput& in) {
             kept_stop_ = hit + 1;
             kept_ = off_[k] + hit + 1;
             sum_ = s;
-            (in.sub ? g_prefix_selections : g_selections).fetch_add(1, std::memory_order_relaxed);
+            (lazy_ ? g_selections : g_prefix_selections).fetch_add(1, std::memory_order_relaxed);
             return true;
         }
     }

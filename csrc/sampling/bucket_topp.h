@@ -33,10 +33,14 @@ struct BucketTopPInput {
     int buckets = 4096;                  // 1..65535
     // A top-p prefix instead of the whole vocabulary (docs/sampling.md, "Sixth round"): the n
     // candidates are the ids sub[0..n), ascending, every finite token with a logit >= lo (so the
-    // set is a prefix of the sorted order), with their logits sub_vals[j] = a[sub[j]]. lo is then
-    // a bound at or below the smallest of them. Null: every token 0..n-1.
+    // set is a prefix of the sorted order). lo is then a bound at or below the smallest of them.
+    // Null: every token 0..n-1.
     const int32_t* sub = nullptr;
-    const float* sub_vals = nullptr;
+    // Or (sub null) the same prefix as collect_prefix's words (bucket_collect.h): id in the low
+    // id_bits, the token's grid level (2^fine_bits of them, fine_bits <= 16) above. The buckets are
+    // then ranges of levels; otherwise of fl(fl(hi - l) * scale) as over the whole vocabulary.
+    const uint32_t* packed = nullptr;
+    int id_bits = 0, fine_bits = 0;
 };
 
 class BucketTopP {
@@ -66,6 +70,7 @@ private:
     // certified, else units after collecting the ids (S: the running value's unit count; walk: down)
     bool units_at(int k, int64_t m, const binade::Unit& un, int64_t S, bool walk, int64_t& r);
     bool weight_bounds(int nb, float scale);
+    bool prefix_too_light(const uint32_t* off, int nb) const;
     void need_ids(int k, float v, bool walk);
     void plan(int k0, float v0, bool walk);
     void collect();
@@ -92,6 +97,7 @@ private:
 
     BucketTopPInput in_;
     Buf<uint16_t> bix_;     // each token's bucket (buckets: not finite)
+    Buf<int32_t> sub_;      // a packed prefix's ids
     Buf<uint32_t> off_;     // bucket k holds sorted positions [off_[k], off_[k + 1])
     Buf<uint32_t> pos_;     // its ids and weights: ids_/w_ from pos_[k] (collected buckets only, when lazy_)
     Buf<uint8_t> state_;
@@ -124,6 +130,15 @@ void set_bucket_top_p_min_kept(float v);
 float bucket_top_p_prefix_min();
 void set_bucket_top_p_prefix_min(float v);
 
+// The top-p prefix is collected right after the max pass (docs/sampling.md, "Sixth round") only
+// when a sample (estimate_count_at_least on the logits) puts it at no more than this many tokens
+// (default 50,000). Where the guessed floor lies far below the stop (narrow logits: the bundled
+// small model's N(0, 1.5) keeps 8,800 of a 91,000-token prefix at top_p .5) the prefix is not
+// collected; the mass threshold on the total's approximate weights then chooses a tighter floor,
+// or the whole-vocabulary partition ("Ninth round"). Tests set inf (always collect) or 0 (never).
+float bucket_top_p_early_max();
+void set_bucket_top_p_early_max(float v);
+
 // How many selections the bucket partition has decided in this process (tests: that a branch ran):
 // over the whole vocabulary, and over a collected top-p prefix (BucketTopPInput::sub).
 int64_t bucket_top_p_selections();
@@ -136,7 +151,7 @@ int64_t bucket_top_p_collections();
 int bucket_top_p_plan();
 void set_bucket_top_p_plan(int v);
 
-// About how many w[i] >= c: every fourth block of 16 counted, times 4 (a guide only).
-int64_t estimate_count_at_least(const float* w, int64_t n, float c);
+// About how many w[i] >= c: every `every`-th block of 16 counted, times `every` (a guide only).
+int64_t estimate_count_at_least(const float* w, int64_t n, float c, int every = 4);
 
 }  // namespace ds4

@@ -7,6 +7,7 @@
 
 #include "common/thread_pool.h"
 #include "sampling/binade_sum.h"
+#include "sampling/bucket_collect.h"
 #include "sampling/exp_weights.h"
 #include "sampling/rng.h"
 #include "sampling/scale_weights.h"
@@ -225,20 +226,27 @@ DS4_SAMPLING_HOT int64_t first_equal(const float* a, int64_t n, float v) {
 // 0 when even 2^-48 does not: a guess, which the caller checks. Bisection, about 8 steps. The
 // weights >= 2^-8 are gathered once and summed exactly when they are few (a heavy tail holds much
 // of the mass in a few tokens, which a sample would miss), else sampled; below 2^-8, every fourth
-// block of 16 estimates the rest.
+// block of 16 estimates the rest. When a sample already shows many of them (narrow logits: tens of
+// thousands, docs/sampling.md "Ninth round") they are sampled in place instead of gathered first.
 template <class IdVec, class ValVec>
 float mass_threshold(const float* w, int64_t n, double mass, IdVec& ids, ValVec& big_w) {
     const float big = 0x1p-8f;
+    const float inf = std::numeric_limits<float>::infinity();
     const int step = n >= 4096 ? 4 : 1;
-    if (ids.size() < (size_t)n + 16) ids.resize((size_t)n + 16);
-    if (big_w.size() < (size_t)n + 16) big_w.resize((size_t)n + 16);
-    const int64_t n_big = collect_finite_at_least(w, n, big, ids.data(), big_w.data());
+    const bool gather = estimate_count_at_least(w, n, big, 16) < 4096;
+    int64_t n_big = 0;
+    if (gather) {
+        if (ids.size() < (size_t)n + 16) ids.resize((size_t)n + 16);
+        if (big_w.size() < (size_t)n + 16) big_w.resize((size_t)n + 16);
+        n_big = collect_finite_at_least(w, n, big, ids.data(), big_w.data());
+    }
     const int big_step = n_big >= 4096 ? 4 : 1;
     // Far from the answer (the first steps, a factor of 4 or more in weight away) a sparser sample
     // of the small weights decides as well: every 16th block until two binades remain.
     const int coarse = n >= 65536 ? 4 * step : step;
     auto mass_at = [&](float c, int st) {
-        const double r = mass_in(big_w.data(), n_big, c, std::numeric_limits<float>::infinity(), big_step);
+        if (!gather) return mass_in(w, n, c, inf, st);
+        const double r = mass_in(big_w.data(), n_big, c, inf, big_step);
         return c >= big ? r : r + mass_in(w, n, c, big, st);
     };
     auto c_of = [](int k) { return (float)std::exp2(-0.25 * k); };
@@ -394,13 +402,40 @@ float Sampler::max_and_prefix(const float* a, int64_t n, float d, int64_t* n_fin
     // final one slowly, and the superset, three times the prefix, cost more than the pass it saved.)
     // When every finite logit is within d (a high temperature) nothing is collected: the whole
     // vocabulary is no prefix worth bucketing apart from the whole-vocabulary branch.
+    // Each collected token is one word, its id and its level on a grid below m (bucket_collect.h):
+    // the bucket partition's index without reading the logits again (docs/sampling.md, "Ninth round").
     const float m = finite_max(a, n, n_finite, lowest);
     *floor_out = kNegInf;
     const float floor = m - d;
     if (m == kNegInf || !(floor > *lowest)) return m;
-    collect_logits_at_least(a, n, floor);
+    // A long prefix costs more to collect and partition than the mass threshold's tighter floor
+    // (or the whole-vocabulary partition) after the total: not collected (bucket_topp.h).
+    if ((float)estimate_count_at_least(a, n, floor, 32) > bucket_top_p_early_max()) return m;
+    collect_packed(a, n, m, floor, *n_finite == n);
     *floor_out = floor;
     return m;
+}
+
+void Sampler::collect_packed(const float* a, int64_t n, float m, float floor, bool all_finite) {
+    PrefixGrid& g = prefix_grid_;
+    g.hi = m;
+    g.id_bits = std::max(1, 64 - __builtin_clzll((unsigned long long)(n - 1) | 1));
+    g.fine_bits = std::min(16, 32 - g.id_bits);
+    const float scale = (float)(1u << g.fine_bits) / (m - floor);
+    g.scale = scale <= std::numeric_limits<float>::max() ? scale : std::numeric_limits<float>::max();
+    packed_.resize((size_t)n + 64);
+    packed_.resize((size_t)collect_prefix(a, n, floor, g, all_finite, packed_.data()));
+}
+
+void Sampler::unpack_packed(const float* a) {
+    const size_t k = packed_.size();
+    const uint32_t mask = (uint32_t)((1ull << prefix_grid_.id_bits) - 1);
+    ids_.resize(k);
+    vals_.resize(k);
+    for (size_t j = 0; j < k; ++j) {
+        ids_[j] = (int32_t)(packed_[j] & mask);
+        vals_[j] = a[ids_[j]];
+    }
 }
 
 void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float min_p) {
@@ -461,7 +496,8 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
     };
     if (prefix_floor > kNegInf) {
         if (select_prefix_buckets(a, m, prefix_floor, t, total, top_p)) return;
-        if ((float)ids_.size() < bucket_top_p_prefix_min()) {
+        if ((float)packed_.size() < bucket_top_p_prefix_min()) {
+            unpack_packed(a);
             done = sort_and_filter();
         }
     }
@@ -481,7 +517,10 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
         // (approximate) weights hold a little more than that are a sorted prefix that very likely
         // contains the stop; filter_sorted checks that it does, else the pools below decide.
         // A second, 4x lower guess covers an unlucky estimate before the pools take over.
-        float c = mass_threshold(wall_.data(), n, (double)top_p * (double)total * 1.02, tmp_ids_, w_);
+        // (The 2 % margin, capped halfway to the whole total: above top_p .98 it would ask for more
+        // than the total, no guess would come back, and the pools would sort everything.)
+        const double target = std::min((double)top_p * 1.02, 0.5 * (1.0 + (double)top_p)) * (double)total;
+        float c = mass_threshold(wall_.data(), n, target, tmp_ids_, w_);
         // About as many tokens are kept as weigh >= c; more than min_kept only if c is small
         // enough for that many to hold no more than about top_p of the total (then counted).
         if (!buckets_tried && c > 0.0f && (double)c * min_kept < 1.25 * (double)top_p * (double)total &&
@@ -490,8 +529,9 @@ void Sampler::select_full(const float* a, int64_t n, float t, float top_p, float
             return;
         for (int guess = 0; guess < 2 && !done && c > 0.0f; ++guess, c *= 0.25f) {
             const float floor = logit_floor(m, t, c);
-            collect_logits_at_least(a, n, floor);
+            collect_packed(a, n, m, floor, all_finite);
             if (select_prefix_buckets(a, m, floor, t, total, top_p)) return;
+            unpack_packed(a);
             done = sort_and_filter();
         }
     }
@@ -521,15 +561,16 @@ bool Sampler::select_buckets(const float* a, int64_t n, float m, float lowest, b
 }
 
 bool Sampler::select_prefix_buckets(const float* a, float m, float floor, float t, float total, float top_p) {
-    // The collected prefix (ids_/vals_: every finite logit >= floor) through the bucket partition
+    // The collected prefix (packed_: every finite logit >= floor) through the bucket partition
     // instead of a radix sort: only the buckets where the order can change a bit are sorted. Short
     // prefixes sort faster than they bucket (docs/sampling.md, "Sixth round").
-    const int64_t k = (int64_t)ids_.size();
+    const int64_t k = (int64_t)packed_.size();
     if ((float)k < bucket_top_p_prefix_min() || !(floor > kNegInf)) return false;
     BucketTopPInput in{a, k, m, floor, true, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
     in.buckets = (int)std::min<int64_t>(4096, std::max<int64_t>(16, k / kPrefixTokensPerBucket));
-    in.sub = ids_.data();
-    in.sub_vals = vals_.data();
+    in.packed = packed_.data();
+    in.id_bits = prefix_grid_.id_bits;
+    in.fine_bits = prefix_grid_.fine_bits;
     if (!bucket_.select(in)) return false;   // no stop inside the prefix: the sorted path decides
     c_ = Candidates{true, c_.no_draw, bucket_.last(), nullptr, nullptr, bucket_.count(), bucket_.sum()};
     c_.buckets = &bucket_;

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "sampling/bucket_collect.h"
 #include "sampling/bucket_topp.h"
 
 namespace ds4 {
@@ -90,15 +91,20 @@ private:
 
     void select_full(const float* a, int64_t n, float t, float top_p, float min_p);
     // finite_max (the largest finite logit; n_finite, lowest), then every finite logit >=
-    // *floor_out = fl(max - d) into ids_/vals_, ascending ids; *floor_out = -inf when none was
+    // *floor_out = fl(max - d) into packed_ (collect_prefix's words, ascending ids, on prefix_grid_);
+    // *floor_out = -inf when none was
     // collected (no finite logit, or every finite logit within d: nothing to cut).
     float max_and_prefix(const float* a, int64_t n, float d, int64_t* n_finite, float* lowest, float* floor_out);
     void select_min_p(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float min_p);
     // The bucket partition's kept set (bucket_topp.h); false when it does not decide.
     bool select_buckets(const float* a, int64_t n, float m, float lowest, bool all_finite, float t, float total, float top_p);
-    // The top-p prefix in ids_/vals_ (every finite logit >= floor) through the bucket partition;
+    // The top-p prefix in packed_ (every finite logit >= floor) through the bucket partition;
     // false when too short for it or when the prefix does not hold the stop.
     bool select_prefix_buckets(const float* a, float m, float floor, float t, float total, float top_p);
+    // packed_ = every finite logit >= floor (floor finite, below m: the largest finite logit) as
+    // collect_prefix's words on prefix_grid_; unpack_packed: their ids and logits into ids_/vals_.
+    void collect_packed(const float* a, int64_t n, float m, float floor, bool all_finite);
+    void unpack_packed(const float* a);
     void keep_all_finite(const float* a, int64_t n, float m, float lowest, float t, bool all_finite);
     // All finite logits equal (n_finite of them, fewer than 2^24): every weight is exp(0) = 1.
     void select_equal(const float* a, int64_t n, int64_t n_finite, float top_p, float min_p);
@@ -117,6 +123,8 @@ private:
     float* exact_into_ = nullptr;
     Scratch<float> x_, wall_, w_, vals_;
     Scratch<int32_t> ids_, tmp_ids_;
+    Scratch<uint32_t> packed_;   // the top-p prefix collected after the max pass (max_and_prefix)
+    PrefixGrid prefix_grid_;
     Scratch<uint64_t> keys_, tmp_keys_;
     std::vector<float> maxima_, chunk_sums_;
     std::vector<uint32_t> radix_count_;
