@@ -15,7 +15,11 @@ Per setting: ``C++`` the sampler alone (``Sampler::sample`` in a C++ loop, media
 ``probs`` / ``probs cpu`` one C++ ``probabilities()`` call's wall / thread CPU time (what speculative
 sampling uses). Target (issue 14):
 every setting at most 0.1 ms. ``--sampler-threads 2`` lets the whole-vocabulary passes use the
-global pool (docs/sampling.md); the default is one thread.
+global pool (docs/sampling.md); the default is one thread. ``--cold`` adds ``python cold``: one
+``sample()`` call after a 64 MiB read has evicted the caches, as a decode step does in the
+generation loop (docs/sampling.md, "Cold caches")::
+
+    PYTHONPATH=python python bench/sampling.py --cold --kinds peaked,small
 
 ``--thread-ab`` instead compares one and two sampler threads on the settings that split (the
 whole-vocabulary total and ``probabilities()``): per setting, ``--rounds`` rounds that alternate
@@ -98,17 +102,32 @@ def core_us(lg, kw, reps: int, probabilities: bool = False) -> tuple[list[float]
     return [w / 1e3 for w, _ in pairs], [c / 1e3 for _, c in pairs]
 
 
-def per_call_us(fn, reps: int) -> list[float]:
+def per_call_us(fn, reps: int, before=None) -> list[float]:
     """Wall microseconds of `reps` single calls, each timed alone (as the C++ loop times them: a
-    loaded machine preempts long loops, which would charge other processes' time to the call)."""
+    loaded machine preempts long loops, which would charge other processes' time to the call);
+    ``before`` runs untimed ahead of each call."""
     for _ in range(3):
         fn()
     out = []
     for _ in range(reps):
+        if before is not None:
+            before()
         t0 = time.perf_counter_ns()
         fn()
         out.append((time.perf_counter_ns() - t0) / 1e3)
     return out
+
+
+# A decode step streams the model's weights through the caches, so the generation loop samples from
+# cold caches (the logits, the sampler's scratch, the interpreter's own objects): ~0.1 ms more per call
+# here than the warm loops above (docs/sampling.md, "Cold caches"). Reading 64 MiB (twice this
+# machine's L3) before each call stands in for the step; COLD_REPS calls, as each read takes ms.
+COLD_REPS = 40
+
+
+def _cache_evictor():
+    junk = np.ones(16 << 20, dtype=np.float32)
+    return lambda: float(junk.sum())
 
 
 # The settings whose passes split over the pool (the whole-vocabulary total, probabilities()' pieces)
@@ -177,6 +196,8 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=10, help="--thread-ab: interleaved rounds per setting")
     p.add_argument("--reps", type=int, default=200, help="--thread-ab: calls per round and thread count")
     p.add_argument("--pool-threads", type=int, default=2, help="--thread-ab: size of the global pool")
+    p.add_argument("--cold", action="store_true",
+                   help="add a 'python cold' column: each sample() call after a 64 MiB read that evicts the caches")
     args = p.parse_args(argv)
     if args.thread_ab:
         if args.kinds == "peaked,flat,small,equal":
@@ -186,6 +207,7 @@ def main(argv=None) -> None:
         args.repeats = min(args.repeats, 3)
     set_sampler_threads(args.sampler_threads)
     reps = 40 if args.quick else 200
+    evict = _cache_evictor() if args.cold else None
     results: list[Result] = []
     rows: list[dict] = []
     for kind in args.kinds.split(","):
@@ -206,6 +228,12 @@ def main(argv=None) -> None:
             results.append(r)
             row["python"] = r.median
             row["_names"]["python"] = name
+            if evict is not None:
+                name = f"sample/{kind}/{label}/cold"
+                r = measure(name, "us", per_call_us(lambda: sample(lg, rng=rng, **kw), COLD_REPS, evict))
+                results.append(r)
+                row["python cold"] = r.median
+                row["_names"]["python cold"] = name
             if label in PROBS_CASES:
                 wall, cpu = core_us(lg, kw, max(reps // 4, 10), probabilities=True)
                 # "probs": wall, under the name earlier baselines used; "probs cpu": thread CPU
@@ -240,7 +268,8 @@ def main(argv=None) -> None:
     print(f"vocabulary {N_VOCAB}, numpy {np.__version__}, sampler threads {args.sampler_threads}; "
           f"slowest C++ setting: {worst.name} {worst.median:.1f} us (median of {reps})\n")
     report(results, machine_info(threads=args.sampler_threads, n_vocab=N_VOCAB), args,
-           ["logits", "case", "C++", "C++ cpu", "python", "probs", "probs cpu"], rows)
+           ["logits", "case", "C++", "C++ cpu", "python"] + (["python cold"] if args.cold else [])
+           + ["probs", "probs cpu"], rows)
 
 
 if __name__ == "__main__":
