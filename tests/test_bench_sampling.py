@@ -27,3 +27,11 @@ def test_sampling_bench_runs(args, expect):
     # leave a blank where the median goes)
     rows = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("equal")]
     assert len(rows) >= 7, out.stdout
+
+
+def test_sampling_in_loop_bench_runs():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "sampling_in_loop.py"), "--model", "tiny", "--quick"],
+                         capture_output=True, text=True, timeout=300, env=installed_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    for e in ("wall 1T", "wall 2T", "greedy", "probabilities(), min_p 0", "T 100, top_p .9, min_p 0"):
+        assert e in out.stdout, out.stdout
