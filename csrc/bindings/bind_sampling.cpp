@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "common/errors.h"
 #include "engine/model.h"
 #include "sampling/binade_sum.h"
+#include "sampling/bucket_collect.h"
 #include "sampling/bucket_topp.h"
 #include "sampling/exp_weights.h"
 #include "sampling/scale_weights.h"
@@ -220,6 +222,25 @@ void init_sampling(py::module_& m) {
               vals.resize((size_t)k);
               return py::make_tuple(py::array_t<int32_t>(k, ids.data()), py::array_t<float>(k, vals.data()));
           }, py::arg("a"), py::arg("floor"));
+    // The top-p prefix's packed words (bucket_collect.h) on the current SIMD path;
+    // tests/test_sampling_prefix.py compares the vector loop with the scalar one and with numpy.
+    m.def("_collect_prefix", [](const Logits& a, float floor, float hi, float scale, int id_bits, int fine_bits,
+                                bool all_finite) {
+              const int64_t n = a.size();
+              if (id_bits < 1 || fine_bits < 1 || id_bits + fine_bits > 32 || n > (int64_t(1) << id_bits) ||
+                  !(scale > 0.0f) || !std::isfinite(floor))
+                  ds4::fail(ds4::ErrorKind::InvalidArgument, "_collect_prefix: needs n <= 2^id_bits, id_bits + "
+                                                             "fine_bits <= 32, scale > 0, a finite floor");
+              ds4::PrefixGrid g;
+              g.hi = hi;
+              g.scale = scale;
+              g.id_bits = id_bits;
+              g.fine_bits = fine_bits;
+              std::vector<uint32_t> out((size_t)n + 64);
+              const int64_t k = ds4::collect_prefix(a.data(), n, floor, g, all_finite, out.data());
+              return py::array_t<uint32_t>(k, out.data());
+          }, py::arg("a"), py::arg("floor"), py::arg("hi"), py::arg("scale"), py::arg("id_bits"), py::arg("fine_bits"),
+          py::arg("all_finite") = false);
     m.def("_collect_above_and_tied", [](const Logits& a, float v, int64_t limit) {
               const int64_t n = a.size();
               std::vector<int32_t> above((size_t)n + 16), tied((size_t)std::max<int64_t>(limit, 0) + 16);

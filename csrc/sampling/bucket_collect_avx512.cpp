@@ -4,15 +4,29 @@
 // branch per vector would mispredict), then written into their buckets in one tight loop.
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "sampling/bucket_collect.h"
 
 namespace ds4 {
 
-int64_t collect_prefix_avx512(const float* a, int64_t n, float floor, const PrefixGrid& g, bool all_finite, uint32_t* out) {
-    const __m512 f = _mm512_set1_ps(floor), zero = _mm512_setzero_ps();
-    const __m512 hi = _mm512_set1_ps(g.hi), scale = _mm512_set1_ps(g.scale);
+namespace {
+
+// The collection loop; the word of every lane (the compress keeps those that pass) is
+// collect_prefix_from's. kSaturate (id_bits + fine_bits = 32, scale 2^id_bits finite: the large
+// vocabularies) takes it in two operations fewer: fl(fl(hi - v) * fl(scale 2^id_bits)) is exactly
+// fl(fl(hi - v) * scale) 2^id_bits (a power of two; a product below the normal range truncates to
+// level 0 either way, one that overflows is clamped either way), so its unsigned truncation holds
+// the level in bits id_bits and up, its fraction below them (cleared by the id's mask), and from
+// 2^32 up it saturates to all ones, level 2^fine_bits - 1: the clamp `min(d, top)` and the shift
+// come free, and one ternary operation merges the id (docs/sampling.md, "Tenth round").
+template <bool kSaturate>
+int64_t collect_prefix_loop(const float* a, int64_t n, float floor, const PrefixGrid& g, bool all_finite, uint32_t* out) {
+    const __m512 f = _mm512_set1_ps(floor), zero = _mm512_setzero_ps(), hi = _mm512_set1_ps(g.hi);
+    const __m512 scale = _mm512_set1_ps(kSaturate ? std::ldexp(g.scale, g.id_bits) : g.scale);
     const __m512 top = _mm512_set1_ps((float)((1u << g.fine_bits) - 1));
     const __m128i shift = _mm_cvtsi32_si128(g.id_bits);
+    const __m512i id_mask = _mm512_set1_epi32((int32_t)((1u << g.id_bits) - 1));
     __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i step = _mm512_set1_epi32(16), step4 = _mm512_set1_epi32(64);
     // v >= floor is false for NaN and -inf; +inf passes it, so it is tested unless all are finite.
@@ -20,11 +34,11 @@ int64_t collect_prefix_avx512(const float* a, int64_t n, float floor, const Pref
         const __mmask16 ge = _mm512_cmp_ps_mask(v, f, _CMP_GE_OQ);
         return all_finite ? ge : (__mmask16)(ge & _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ));
     };
-    // the word of every lane (the compress keeps those that pass): min(d, top) as collect_prefix_from's
-    // `d < top ? d : top` (d is never NaN in a lane that passes)
+    // (d is never NaN or negative in a lane that passes: v <= hi)
     auto word = [&](__m512 v, __m512i id) {
-        const __m512 d = _mm512_min_ps(_mm512_mul_ps(_mm512_sub_ps(hi, v), scale), top);
-        return _mm512_or_si512(_mm512_sll_epi32(_mm512_cvttps_epi32(d), shift), id);
+        const __m512 d = _mm512_mul_ps(_mm512_sub_ps(hi, v), scale);
+        if (kSaturate) return _mm512_ternarylogic_epi32(_mm512_cvttps_epu32(d), id_mask, id, 0xBA);   // a & ~b | c
+        return _mm512_or_si512(_mm512_sll_epi32(_mm512_cvttps_epi32(_mm512_min_ps(d, top)), shift), id);
     };
     int64_t k = 0, i = 0;
     // Four vectors per branch (a prefix passes a few percent of the entries: one branch per 16
@@ -44,6 +58,14 @@ int64_t collect_prefix_avx512(const float* a, int64_t n, float floor, const Pref
         ids = _mm512_add_epi32(ids, step4);
     }
     return collect_prefix_from(a, i, n, floor, g, out, k);
+}
+
+}  // namespace
+
+int64_t collect_prefix_avx512(const float* a, int64_t n, float floor, const PrefixGrid& g, bool all_finite, uint32_t* out) {
+    const bool saturate = g.id_bits + g.fine_bits == 32 && std::ldexp((double)g.scale, g.id_bits) <= 3.4028234663852886e38;
+    return saturate ? collect_prefix_loop<true>(a, n, floor, g, all_finite, out)
+                    : collect_prefix_loop<false>(a, n, floor, g, all_finite, out);
 }
 
 void bucket_collect_avx512(const uint16_t* bix, int64_t n, const uint8_t* want, int nb, uint32_t* cur, int32_t* ids,
