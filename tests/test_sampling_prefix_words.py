@@ -58,11 +58,11 @@ POOL = [0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -3.25, 7.0, -7.0, 1.0000001, 0.99999994,
         np.inf, -np.inf, np.nan]
 
 
-@settings(max_examples=200, deadline=None)
 VALUE = st.one_of(st.sampled_from(POOL), st.floats(-30, 30, width=32))
 
 
 # (short lists: the scalar loop alone; long ones: groups of 64 for the vector loop, then a tail)
+@settings(max_examples=200, deadline=None)
 @given(vals=st.one_of(st.lists(VALUE, max_size=70), st.lists(VALUE, min_size=64, max_size=300)),
        q=st.floats(0.0, 1.0), spare_id_bits=st.integers(0, 6), saturating=st.booleans(),
        stretch=st.sampled_from([1.0, 1.0, 0.5, 3.0, 1e6]))
