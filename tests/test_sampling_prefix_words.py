@@ -64,9 +64,9 @@ VALUE = st.one_of(st.sampled_from(POOL), st.floats(-30, 30, width=32))
 # (short lists: the scalar loop alone; long ones: groups of 64 for the vector loop, then a tail)
 @settings(max_examples=200, deadline=None)
 @given(vals=st.one_of(st.lists(VALUE, max_size=70), st.lists(VALUE, min_size=64, max_size=300)),
-       q=st.floats(0.0, 1.0), spare_id_bits=st.integers(0, 6), saturating=st.booleans(),
+       q=st.floats(0.0, 1.0), id_bits=st.integers(1, 24), saturating=st.booleans(),
        stretch=st.sampled_from([1.0, 1.0, 0.5, 3.0, 1e6]))
-def test_prefix_words_equal_the_formula(vals, q, spare_id_bits, saturating, stretch):
+def test_prefix_words_equal_the_formula(vals, q, id_bits, saturating, stretch):
     a = np.array(vals, dtype=F)
     finite = a[np.isfinite(a)]
     if finite.size == 0:
@@ -75,8 +75,10 @@ def test_prefix_words_equal_the_formula(vals, q, spare_id_bits, saturating, stre
     floor = float(np.quantile(finite, q, method="lower"))
     if not floor < hi:
         floor = float(np.nextafter(F(hi), F(-np.inf)))
-    id_bits = max(1, int(np.ceil(np.log2(max(a.size, 2))))) + spare_id_bits
-    fine_bits = 32 - id_bits if saturating else min(16, 32 - id_bits) - (id_bits % 3)
+    # (levels of at most 16 bits, as the sampler's grids: the word's contract; 32 bits in all for
+    # the saturating loop, which needs id_bits >= 16)
+    id_bits = max(id_bits, int(np.ceil(np.log2(max(a.size, 2)))))
+    fine_bits = 32 - id_bits if saturating and id_bits >= 16 else min(16, 32 - id_bits) - (id_bits % 3)
     _check(a, floor, hi, _grid(a.size, floor, hi, fine_bits, stretch), id_bits, fine_bits)
 
 
@@ -122,6 +124,7 @@ def test_prefix_words_where_the_scaled_grid_overflows():
 
 def test_prefix_words_reject_bad_grids():
     a = np.zeros(10, dtype=F)
-    for args in ((0.0, 1.0, 1.0, 3, 15), (0.0, 1.0, 1.0, 17, 16), (0.0, 1.0, 0.0, 17, 15), (np.inf, 1.0, 1.0, 17, 15)):
+    for args in ((0.0, 1.0, 1.0, 3, 15), (0.0, 1.0, 1.0, 17, 16), (0.0, 1.0, 0.0, 17, 15), (np.inf, 1.0, 1.0, 17, 15),
+                 (0.0, 1.0, 1.0, 8, 17)):
         with pytest.raises(InvalidArgumentError):
             core._collect_prefix(a, *args)

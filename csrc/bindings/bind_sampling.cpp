@@ -227,10 +227,10 @@ void init_sampling(py::module_& m) {
     m.def("_collect_prefix", [](const Logits& a, float floor, float hi, float scale, int id_bits, int fine_bits,
                                 bool all_finite) {
               const int64_t n = a.size();
-              if (id_bits < 1 || fine_bits < 1 || id_bits + fine_bits > 32 || n > (int64_t(1) << id_bits) ||
+              if (id_bits < 1 || fine_bits < 1 || fine_bits > 16 || id_bits + fine_bits > 32 || n > (int64_t(1) << id_bits) ||
                   !(scale > 0.0f) || !std::isfinite(floor))
-                  ds4::fail(ds4::ErrorKind::InvalidArgument, "_collect_prefix: needs n <= 2^id_bits, id_bits + "
-                                                             "fine_bits <= 32, scale > 0, a finite floor");
+                  ds4::fail(ds4::ErrorKind::InvalidArgument, "_collect_prefix: needs n <= 2^id_bits, fine_bits <= 16, "
+                                                             "id_bits + fine_bits <= 32, scale > 0, a finite floor");
               ds4::PrefixGrid g;
               g.hi = hi;
               g.scale = scale;

@@ -21,8 +21,9 @@ void bucket_collect_from(const uint16_t* bix, int64_t i0, int64_t n, const uint8
 // 2^fine_bits - 1)), which never decreases as the logit falls and is equal for equal logits, so
 // any f * nb >> fine_bits is a valid bucket index (bucket_topp.h). The level rides in the id's word
 // because the collection's cost is its vector compress, one per 16 logits and array: a second
-// array of logits cost about as much as the rest of the pass. Needs n <= 2^id_bits and
-// id_bits + fine_bits <= 32; floor finite, scale > 0. all_finite (a holds no inf or NaN) skips the
+// array of logits cost about as much as the rest of the pass. Needs n <= 2^id_bits,
+// fine_bits <= 16 (the level's float clamp 2^fine_bits - 1 exact) and id_bits + fine_bits <= 32;
+// floor finite, scale > 0. all_finite (a holds no inf or NaN) skips the
 // finiteness test. out holds n + 64 entries.
 struct PrefixGrid {
     float hi = 0.0f, scale = 0.0f;
