@@ -565,7 +565,9 @@ bool Sampler::select_prefix_buckets(const float* a, float m, float floor, float 
     // instead of a radix sort: only the buckets where the order can change a bit are sorted. Short
     // prefixes sort faster than they bucket (docs/sampling.md, "Sixth round").
     const int64_t k = (int64_t)packed_.size();
-    if ((float)k < bucket_top_p_prefix_min() || !(floor > kNegInf)) return false;
+    // k == 0 cannot hold the stop (and the partition needs a candidate); with every route enabled
+    // (the tests' prefix_min 0) it would otherwise get an empty prefix.
+    if (k == 0 || (float)k < bucket_top_p_prefix_min() || !(floor > kNegInf)) return false;
     BucketTopPInput in{a, k, m, floor, true, wall_.data(), kApproxWeightRel, nullptr, m, t, total, top_p};
     in.buckets = (int)std::min<int64_t>(4096, std::max<int64_t>(16, k / kPrefixTokensPerBucket));
     in.packed = packed_.data();
