@@ -4,13 +4,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <time.h>
 
-#include <chrono>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "call_timer.h"
 #include "sampling/logprobs.h"
 
 namespace py = pybind11;
@@ -93,22 +92,7 @@ void init_logprobs(py::module_& m) {
           [](const Logits& logits, int64_t k, int reps) {
               const float* a = logits.data();
               const int64_t n = logits.size();
-              std::vector<std::pair<int64_t, int64_t>> r;
-              {
-                  py::gil_scoped_release nogil;
-                  for (int i = 0; i < reps; ++i) {
-                      timespec c0, c1;
-                      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-                      const auto w0 = std::chrono::steady_clock::now();
-                      const Top t = run_top(a, n, k);
-                      const auto w1 = std::chrono::steady_clock::now();
-                      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-                      if (t.count < 0) break;   // keeps the call
-                      r.emplace_back(std::chrono::duration_cast<std::chrono::nanoseconds>(w1 - w0).count(),
-                                     (c1.tv_sec - c0.tv_sec) * 1000000000LL + (c1.tv_nsec - c0.tv_nsec));
-                  }
-              }
-              return r;
+              return ds4_bind::time_calls(reps, [&] { return run_top(a, n, k).count >= 0; });   // keeps the call
           },
           py::arg("logits"), py::arg("k"), py::arg("reps"));
     // The floor under the log-sum-exp: the per-term exponential alone over d = l - max(l) (doubles
@@ -121,21 +105,10 @@ void init_logprobs(py::module_& m) {
               for (int64_t i = 1; i < n; ++i) m = a[i] > m ? a[i] : m;
               std::vector<double> d((size_t)n), out((size_t)n);
               for (int64_t i = 0; i < n; ++i) d[(size_t)i] = (double)a[i] - (double)m;
-              std::vector<std::pair<int64_t, int64_t>> r;
-              {
-                  py::gil_scoped_release nogil;
-                  for (int i = 0; i < reps; ++i) {
-                      timespec c0, c1;
-                      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-                      const auto w0 = std::chrono::steady_clock::now();
-                      ds4::logprob_exp(d.data(), out.data(), n);
-                      const auto w1 = std::chrono::steady_clock::now();
-                      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-                      r.emplace_back(std::chrono::duration_cast<std::chrono::nanoseconds>(w1 - w0).count(),
-                                     (c1.tv_sec - c0.tv_sec) * 1000000000LL + (c1.tv_nsec - c0.tv_nsec));
-                  }
-              }
-              return r;
+              return ds4_bind::time_calls(reps, [&] {
+                  ds4::logprob_exp(d.data(), out.data(), n);
+                  return true;
+              });
           },
           py::arg("logits"), py::arg("reps"));
 }

@@ -6,10 +6,8 @@
 
 #include <pybind11/stl.h>
 
-#include <time.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -18,6 +16,7 @@
 
 #include "common/errors.h"
 #include "engine/model.h"
+#include "call_timer.h"
 #include "sampling/binade_sum.h"
 #include "sampling/bucket_collect.h"
 #include "sampling/bucket_topp.h"
@@ -279,23 +278,12 @@ void init_sampling(py::module_& m) {
               const int64_t n = logits.size();
               const ds4::SamplerParams sp = params(t, k, p, mp);
               std::vector<float> out(probs ? (size_t)n : 0);
-              std::vector<std::pair<int64_t, int64_t>> r;
-              {
-                  py::gil_scoped_release nogil;
-                  uint64_t state = 1;
-                  for (int i = 0; i < reps; ++i) {
-                      timespec c0, c1;
-                      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-                      const auto w0 = std::chrono::steady_clock::now();
-                      if (probs) thread_sampler().probabilities(a, n, sp, out.data());
-                      else thread_sampler().sample(a, n, sp, state);
-                      const auto w1 = std::chrono::steady_clock::now();
-                      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-                      r.emplace_back(std::chrono::duration_cast<std::chrono::nanoseconds>(w1 - w0).count(),
-                                     (c1.tv_sec - c0.tv_sec) * 1000000000LL + (c1.tv_nsec - c0.tv_nsec));
-                  }
-              }
-              return r;
+              uint64_t state = 1;
+              return ds4_bind::time_calls(reps, [&] {
+                  if (probs) thread_sampler().probabilities(a, n, sp, out.data());
+                  else thread_sampler().sample(a, n, sp, state);
+                  return true;
+              });
           },
           py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
           py::arg("reps"), py::arg("probabilities") = false);
