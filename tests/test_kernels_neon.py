@@ -5,6 +5,10 @@ the native self-tests in tests/native and run them under qemu user emulation.
   cases, within the derived float bound otherwise; see that file).
 * gemm_selftest.cpp: the NEON prefill GEMM (Q8_0, Q2_K, Q4_K, IQ2_XXS) and the F16/BF16 register
   tiles against the NEON row kernels, bit for bit, on seeded random ragged shapes (docs/gemm.md).
+* logprobs_selftest.cpp: the NEON log-probability passes (csrc/sampling/logprobs_neon.cpp) against
+  the portable build and a binary128 reference within the stated bound, against a one-lane model of
+  the AVX2 build's arithmetic bit for bit, and the top-k ids exactly (docs/sampling.md,
+  "Log-probabilities").
 
 The core is compiled once (objects shared by both programs). Skipped where the cross toolchain or
 qemu is not installed (Debian: g++-aarch64-linux-gnu, qemu-user-static).
@@ -58,6 +62,21 @@ def core_objects(tmp_path_factory) -> list[Path]:
     return objs
 
 
+# The log-probability passes and what logprobs.cpp calls besides them (the sampler's scans).
+LOGPROB_SOURCES = ["logprobs.cpp", "logprobs_generic.cpp", "logprobs_neon.cpp", "scan.cpp", "exp_weights.cpp"]
+
+
+@pytest.fixture(scope="module")
+def logprob_objects(tmp_path_factory, core_objects) -> list[Path]:
+    out = tmp_path_factory.mktemp("neon_logprobs")
+    srcs = [ROOT / "csrc" / "sampling" / s for s in LOGPROB_SOURCES]
+    objs = [out / f"sampling_{p.stem}.o" for p in srcs]
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        errors = [e for e in ex.map(_compile, srcs, objs) if e]
+    assert not errors, "\n".join(errors)
+    return core_objects + objs
+
+
 def _build(tmp_path: Path, objs: list[Path], main: str) -> Path:
     main_obj = tmp_path / "main.o"
     err = _compile(ROOT / "tests" / "native" / main, main_obj)
@@ -97,3 +116,13 @@ def test_neon_gemm_and_half_tiles_match_row_kernels_under_qemu(tmp_path, core_ob
     out = _run(exe, cpu="cortex-a72")
     assert "paths available: scalar\n" in out and "neon:" not in out, out
     assert " 0 failures" in out
+
+
+def test_neon_logprobs_match_portable_and_reference_under_qemu(tmp_path, logprob_objects):
+    out = _build_and_run(tmp_path, logprob_objects, "logprobs_selftest.cpp")
+    assert "neon path available" in out, out
+    # the terms were checked, and the NEON ones are not the portable build's bits
+    assert "terms: 5007 arguments" in out and " 0 differ" not in out, out
+    checks = int(out.split(" checks,")[0].split()[-1])
+    assert checks > 20000, out
+    assert " 0 failures" in out, out
