@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,10 +47,12 @@ constexpr double kLn2Hi = 0x1.62e42fefa39efp-5;   // the fused builds' split of 
 constexpr double kLn2Lo = 0x1.abc9e3b39803fp-60;
 
 int64_t g_checks = 0, g_failures = 0;
+std::map<std::string, int64_t> g_failed;   // failures per check, summarised at the end
 
 void check(bool ok, const char* what, const char* shape, double got, double want) {
     ++g_checks;
     if (ok) return;
+    g_failed[what]++;
     if (++g_failures <= 20) std::printf("FAIL %s [%s]: got %.17g want %.17g\n", what, shape, got, want);
 }
 
@@ -297,6 +300,7 @@ int main() {
     check_shape("odd", vocab("flat", v - 37), ks);
     check_shape("none", vocab("none", 1000), {1, 20});
     for (int64_t n = 1; n <= 80; ++n) check_shape("tiny", vocab("tiny", n), {1, 3, 20});
+    for (const auto& f : g_failed) std::printf("failed %lld x: %s\n", (long long)f.second, f.first.c_str());
     std::printf("logprobs: %lld checks, %lld failures\n", (long long)g_checks, (long long)g_failures);
     return g_failures == 0 ? 0 : 1;
 }
