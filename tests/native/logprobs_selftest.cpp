@@ -282,9 +282,50 @@ std::vector<float> vocab(const char* kind, int64_t n) {
     return a;
 }
 
+// Cross-architecture mode (tests/test_kernels_neon.py compares with the x86 AVX2 build, which
+// must have the same bits): "--vocab FILE..." prints, per file of float32 logits, the NEON path's
+// sum and lse bits and its top 20 ids; "--exp IN OUT" writes logprob_exp of IN's doubles to OUT.
+int cross_arch(int argc, char** argv) {
+    set_simd_path(SimdPath::NEON);
+    auto read = [](const char* path) {
+        std::vector<char> bytes;
+        if (FILE* f = std::fopen(path, "rb")) {
+            char buf[65536];
+            for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.insert(bytes.end(), buf, buf + got);
+            std::fclose(f);
+        }
+        return bytes;
+    };
+    if (std::strcmp(argv[1], "--exp") == 0 && argc == 4) {
+        const std::vector<char> in = read(argv[2]);
+        std::vector<double> d(in.size() / 8), out(d.size());
+        std::memcpy(d.data(), in.data(), d.size() * 8);
+        logprob_exp(d.data(), out.data(), (int64_t)d.size());
+        FILE* f = std::fopen(argv[3], "wb");
+        if (!f || std::fwrite(out.data(), 8, out.size(), f) != out.size()) return 2;
+        std::fclose(f);
+        return 0;
+    }
+    for (int i = 2; i < argc; ++i) {
+        const std::vector<char> in = read(argv[i]);
+        std::vector<float> a(in.size() / 4);
+        std::memcpy(a.data(), in.data(), a.size() * 4);
+        const int64_t n = (int64_t)a.size();
+        std::vector<int32_t> ids(20);
+        double lse = 0;
+        const int64_t got = top_finite_logits(a.data(), n, 20, ids.data(), &lse);
+        std::printf("vocab %s sum %016llx lse %016llx ids", argv[i], (unsigned long long)bits(finite_exp_sum(a.data(), n)),
+                    (unsigned long long)bits(lse));
+        for (int64_t j = 0; j < got; ++j) std::printf("%s%d", j ? "," : " ", ids[(size_t)j]);
+        std::printf("\n");
+    }
+    return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    if (argc > 2) return cross_arch(argc, argv);
     bool have_neon = false;
     for (SimdPath p : available_simd_paths()) have_neon |= p == SimdPath::NEON;
     if (!have_neon) {
