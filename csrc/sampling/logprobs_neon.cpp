@@ -156,7 +156,8 @@ double exp_sum(const float* a, int64_t n, float m, Collect* col) {
         const int64_t count = n - i < 8 ? n - i : 8;
         float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};   // 0 outside: finite, masked below
         std::memcpy(buf, a + i, (size_t)count * sizeof(float));
-        const uint32x4_t lane = {0, 1, 2, 3};
+        static const uint32_t kLanes[4] = {0, 1, 2, 3};
+        const uint32x4_t lane = vld1q_u32(kLanes);
         uint32x4_t hits = vdupq_n_u32(0);
         float64x2_t lo[2], hi[2];
         for (int j = 0; j < 2; ++j) {
