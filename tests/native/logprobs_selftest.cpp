@@ -145,6 +145,14 @@ void check_terms() {
         check(bits(api[i]) == bits(neon[i]), "logprob_exp on the neon path == exp_neon", "exp", api[i], neon[i]);
         differ += bits(neon[i]) != bits(gen[i]);
     }
+    // Outside the domain the fused builds agree too: NaN, -inf and anything below the clamp
+    // give exp(kClamp) (the x86 max returns its second operand; FMAXNM the number).
+    const double odd[4] = {std::nan(""), -std::numeric_limits<double>::infinity(), -1e308, -600.5};
+    double odd_out[4];
+    exp_neon(odd, odd_out, 4);
+    for (int i = 0; i < 4; ++i)
+        check(bits(odd_out[i]) == bits(model_exp(kClamp)), "NaN / -inf / below the clamp give exp(kClamp)", "exp",
+              odd_out[i], model_exp(kClamp));
     // The portable build is another evaluation (no FMA): if no term differed, the NEON one was
     // not the one measured.
     check(differ > 0, "neon and portable terms differ somewhere", "exp", (double)differ, 1);
