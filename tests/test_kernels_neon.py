@@ -5,6 +5,10 @@ the native self-tests in tests/native and run them under qemu user emulation.
   cases, within the derived float bound otherwise; see that file).
 * gemm_selftest.cpp: the NEON prefill GEMM (Q8_0, Q2_K, Q4_K, IQ2_XXS) and the F16/BF16 register
   tiles against the NEON row kernels, bit for bit, on seeded random ragged shapes (docs/gemm.md).
+* logprobs_selftest.cpp: the NEON log-probability passes (csrc/sampling/logprobs_neon.cpp) against
+  the portable build and a binary128 reference within the stated bound, against a one-lane model of
+  the AVX2 build's arithmetic bit for bit, and the top-k ids exactly (docs/sampling.md,
+  "Log-probabilities").
 
 The core is compiled once (objects shared by both programs). Skipped where the cross toolchain or
 qemu is not installed (Debian: g++-aarch64-linux-gnu, qemu-user-static).
@@ -58,6 +62,21 @@ def core_objects(tmp_path_factory) -> list[Path]:
     return objs
 
 
+# The log-probability passes and what logprobs.cpp calls besides them (the sampler's scans).
+LOGPROB_SOURCES = ["logprobs.cpp", "logprobs_generic.cpp", "logprobs_neon.cpp", "scan.cpp", "exp_weights.cpp"]
+
+
+@pytest.fixture(scope="module")
+def logprob_objects(tmp_path_factory, core_objects) -> list[Path]:
+    out = tmp_path_factory.mktemp("neon_logprobs")
+    srcs = [ROOT / "csrc" / "sampling" / s for s in LOGPROB_SOURCES]
+    objs = [out / f"sampling_{p.stem}.o" for p in srcs]
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        errors = [e for e in ex.map(_compile, srcs, objs) if e]
+    assert not errors, "\n".join(errors)
+    return core_objects + objs
+
+
 def _build(tmp_path: Path, objs: list[Path], main: str) -> Path:
     main_obj = tmp_path / "main.o"
     err = _compile(ROOT / "tests" / "native" / main, main_obj)
@@ -97,3 +116,61 @@ def test_neon_gemm_and_half_tiles_match_row_kernels_under_qemu(tmp_path, core_ob
     out = _run(exe, cpu="cortex-a72")
     assert "paths available: scalar\n" in out and "neon:" not in out, out
     assert " 0 failures" in out
+
+
+@pytest.fixture(scope="module")
+def logprobs_exe(tmp_path_factory, logprob_objects) -> Path:
+    return _build(tmp_path_factory.mktemp("neon_logprobs_exe"), logprob_objects, "logprobs_selftest.cpp")
+
+
+def test_neon_logprobs_match_portable_and_reference_under_qemu(logprobs_exe):
+    out = _run(logprobs_exe)
+    assert "neon path available" in out, out
+    # the terms were checked, and the NEON ones are not the portable build's bits
+    assert "terms: 5007 arguments" in out and " 0 differ" not in out, out
+    checks = int(out.split(" checks,")[0].split()[-1])
+    assert checks > 20000, out
+    assert " 0 failures" in out, out
+
+
+def test_neon_logprobs_have_the_avx2_bits(tmp_path, logprobs_exe):
+    """The NEON build is the AVX2 build's arithmetic lane for lane (docs/sampling.md,
+    "Log-probabilities"): the same terms, sums and lse bit for bit, and the same top-20 ids, on
+    the vocabularies and exponential arguments of tests/test_sampling_logprobs.py."""
+    np = pytest.importorskip("numpy")
+    core = pytest.importorskip("ds4._core")
+    if "avx2" not in core.simd_paths():
+        pytest.skip("this CPU has no AVX2")
+    from test_kernels_matvec import simd_path
+    from test_sampling_logprobs import KINDS, _exp_args, _vocab
+
+    d = _exp_args(4000, 3)
+    (tmp_path / "d.bin").write_bytes(d.astype(np.float64).tobytes())
+    _run_args(logprobs_exe, "--exp", str(tmp_path / "d.bin"), str(tmp_path / "e.bin"))
+    neon_terms = np.frombuffer((tmp_path / "e.bin").read_bytes(), dtype=np.float64)
+    with simd_path("avx2"):
+        avx2_terms = core._logprob_exp(d)
+    assert np.array_equal(neon_terms.view(np.uint64), avx2_terms.view(np.uint64))
+
+    files = []
+    for kind in KINDS:
+        files.append(tmp_path / f"{kind}.bin")
+        files[-1].write_bytes(_vocab(kind).tobytes())
+    out = _run_args(logprobs_exe, "--vocab", *map(str, files))
+    lines = [ln.split() for ln in out.splitlines() if ln.startswith("vocab ")]
+    assert len(lines) == len(KINDS), out
+    with simd_path("avx2"):
+        for kind, f, ln in zip(KINDS, files, lines):
+            a = _vocab(kind)
+            want_sum = float(core._logprob_sum(a))
+            lse, top, _ = core.top_logprobs(a, 20, -1)
+            assert ln[1] == str(f) and ln[2] == "sum" and ln[4] == "lse" and ln[6] == "ids", ln
+            assert int(ln[3], 16) == np.float64(want_sum).view(np.uint64), (kind, ln[3], want_sum.hex())
+            assert int(ln[5], 16) == np.float64(lse).view(np.uint64), (kind, ln[5], float(lse).hex())
+            assert [int(x) for x in ln[7].split(",")] == [t[0] for t in top], kind
+
+
+def _run_args(exe: Path, *args: str) -> str:
+    run = subprocess.run([QEMU, "-cpu", "max", str(exe), *args], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    return run.stdout

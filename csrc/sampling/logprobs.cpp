@@ -30,12 +30,17 @@ Scratch& scratch() {
 }
 
 // The build the active SIMD path allows (DS4_SIMD=scalar: the portable one).
-enum class Build { Generic, Avx2, Avx512 };
+// On arm64 the NEON build runs where the NEON kernel path does (it needs only base ASIMD, but is
+// compiled with the flags of every *_neon.cpp: CMakeLists.txt).
+enum class Build { Generic, Avx2, Avx512, Neon };
 
 Build build() {
 #if defined(DS4_ARCH_X86)
     if (sampling_avx512()) return Build::Avx512;
     if (simd_path() == SimdPath::AVX2) return Build::Avx2;
+#endif
+#if defined(DS4_ARCH_ARM64)
+    if (simd_path() == SimdPath::NEON) return Build::Neon;
 #endif
     return Build::Generic;
 }
@@ -45,6 +50,9 @@ Stats stats(const float* a, int64_t n, float* block_max) {
 #if defined(DS4_ARCH_X86)
         case Build::Avx512: return stats_avx512(a, n, block_max);
         case Build::Avx2: return stats_avx2(a, n, block_max);
+#endif
+#if defined(DS4_ARCH_ARM64)
+        case Build::Neon: return stats_neon(a, n, block_max);
 #endif
         default: return stats_generic(a, n, block_max);
     }
@@ -56,6 +64,9 @@ double sum_of(const float* a, int64_t n, const Stats& st, Collect* col) {
 #if defined(DS4_ARCH_X86)
         case Build::Avx512: return exp_sum_avx512(a, n, st.max, plain, col);
         case Build::Avx2: return exp_sum_avx2(a, n, st.max, plain, col);
+#endif
+#if defined(DS4_ARCH_ARM64)
+        case Build::Neon: return exp_sum_neon(a, n, st.max, plain, col);
 #endif
         default: return exp_sum_generic(a, n, st.max, plain, col);
     }
@@ -148,6 +159,9 @@ void logprob_exp(const double* d, double* out, int64_t n) {
 #if defined(DS4_ARCH_X86)
         case Build::Avx512: return exp_avx512(d, out, n);
         case Build::Avx2: return exp_avx2(d, out, n);
+#endif
+#if defined(DS4_ARCH_ARM64)
+        case Build::Neon: return exp_neon(d, out, n);
 #endif
         default: return exp_generic(d, out, n);
     }

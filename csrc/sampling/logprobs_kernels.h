@@ -1,5 +1,6 @@
 // The whole-vocabulary passes behind logprobs.h, one build per file (logprobs_generic.cpp, and
-// logprobs_avx512.cpp / logprobs_avx2.cpp chosen at run time); logprobs.cpp combines them.
+// logprobs_avx512.cpp / logprobs_avx2.cpp / logprobs_neon.cpp chosen at run time); logprobs.cpp
+// combines them.
 #pragma once
 #include <cstdint>
 
@@ -70,6 +71,11 @@ void exp_avx2(const double* d, double* out, int64_t n);
 Stats stats_avx512(const float* a, int64_t n, float* block_max);
 double exp_sum_avx512(const float* a, int64_t n, float m, bool plain, Collect* col);
 void exp_avx512(const double* d, double* out, int64_t n);
+#endif
+#if defined(DS4_ARCH_ARM64)
+Stats stats_neon(const float* a, int64_t n, float* block_max);
+double exp_sum_neon(const float* a, int64_t n, float m, bool plain, Collect* col);
+void exp_neon(const double* d, double* out, int64_t n);
 #endif
 
 // Collect's step for one logit known to be finite and at least col.floor.

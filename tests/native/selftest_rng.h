@@ -1,4 +1,5 @@
-// Seeded randomness shared by the native self-tests (kernels_selftest.cpp, gemm_selftest.cpp):
+// Seeded randomness shared by the native self-tests (kernels_selftest.cpp, gemm_selftest.cpp,
+// logprobs_selftest.cpp):
 // splitmix64, so every run draws the same shapes and values and a failure reproduces.
 #pragma once
 #include <cmath>
