@@ -76,18 +76,11 @@ __attribute__((noinline)) void collect_hits(Collect& col, const float* a, int64_
     if (col.n_tied >= col.limit) at_least = _mm256_set1_ps(col.above_floor);
 }
 
-inline double combine_lanes(__m256d s, __m256d c) {
+inline double combine_vector_lanes(__m256d s, __m256d c) {
     alignas(32) double sl[4], cl[4];
     _mm256_store_pd(sl, s);
     _mm256_store_pd(cl, c);
-    double total = sl[0], comp = cl[0];
-    for (int j = 1; j < 4; ++j) {
-        const double t = total + sl[j];
-        const double z = t - total;
-        comp += ((total - (t - z)) + (sl[j] - z)) + cl[j];
-        total = t;
-    }
-    return total + comp;
+    return combine_lanes(sl, cl, 4);
 }
 
 // 32 logits per step: eight vectors of weights added as a tree (three roundings per weight), then
@@ -128,7 +121,7 @@ double exp_sum(const float* a, int64_t n, float m, Collect* col) {
         weights8<false>(e, v, md, keep, w0, w1);
         two_sum(s, c, _mm256_add_pd(w0, w1));
     }
-    return combine_lanes(s, c);
+    return combine_vector_lanes(s, c);
 }
 
 inline float hmax(__m256 v) {

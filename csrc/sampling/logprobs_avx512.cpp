@@ -80,18 +80,11 @@ __attribute__((noinline)) void collect_hits(Collect& col, const float* a, int64_
     if (col.n_tied >= col.limit) at_least = _mm512_set1_ps(col.above_floor);
 }
 
-inline double combine_lanes(__m512d s, __m512d c) {
+inline double combine_vector_lanes(__m512d s, __m512d c) {
     alignas(64) double sl[8], cl[8];
     _mm512_store_pd(sl, s);
     _mm512_store_pd(cl, c);
-    double total = sl[0], comp = cl[0];
-    for (int j = 1; j < 8; ++j) {
-        const double t = total + sl[j];
-        const double z = t - total;
-        comp += ((total - (t - z)) + (sl[j] - z)) + cl[j];
-        total = t;
-    }
-    return total + comp;
+    return combine_lanes(sl, cl, 8);
 }
 
 // 64 logits per step: eight vectors of weights added as a tree (three roundings per weight), then
@@ -131,7 +124,7 @@ double exp_sum(const float* a, int64_t n, float m, Collect* col) {
         weights16<false>(e, v, md, keep, w0, w1);
         two_sum(s, c, _mm512_add_pd(w0, w1));
     }
-    return combine_lanes(s, c);
+    return combine_vector_lanes(s, c);
 }
 
 }  // namespace

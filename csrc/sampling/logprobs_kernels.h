@@ -78,6 +78,19 @@ double exp_sum_neon(const float* a, int64_t n, float m, bool plain, Collect* col
 void exp_neon(const double* d, double* out, int64_t n);
 #endif
 
+// The per-lane compensated sums (s[j] + c[j], j < lanes) combined by the same error-free step, lane
+// 0 first: every build ends its pass here, so the lanes' order is one contract.
+inline double combine_lanes(const double* s, const double* c, int lanes) {
+    double total = s[0], comp = c[0];
+    for (int j = 1; j < lanes; ++j) {
+        const double t = total + s[j];
+        const double z = t - total;
+        comp += ((total - (t - z)) + (s[j] - z)) + c[j];
+        total = t;
+    }
+    return total + comp;
+}
+
 // Collect's step for one logit known to be finite and at least col.floor.
 inline void collect_one(Collect& col, const float* a, int64_t i) {
     if (a[i] > col.floor) {

@@ -99,20 +99,13 @@ __attribute__((noinline)) void collect_range(Collect& col, const float* a, int64
     if (col.n_tied >= col.limit) at_least = vdupq_n_f32(col.above_floor);
 }
 
-inline double combine_lanes(float64x2_t s_lo, float64x2_t s_hi, float64x2_t c_lo, float64x2_t c_hi) {
+inline double combine_vector_lanes(float64x2_t s_lo, float64x2_t s_hi, float64x2_t c_lo, float64x2_t c_hi) {
     double sl[4], cl[4];
     vst1q_f64(sl, s_lo);
     vst1q_f64(sl + 2, s_hi);
     vst1q_f64(cl, c_lo);
     vst1q_f64(cl + 2, c_hi);
-    double total = sl[0], comp = cl[0];
-    for (int j = 1; j < 4; ++j) {
-        const double t = total + sl[j];
-        const double z = t - total;
-        comp += ((total - (t - z)) + (sl[j] - z)) + cl[j];
-        total = t;
-    }
-    return total + comp;
+    return combine_lanes(sl, cl, 4);
 }
 
 // 32 logits per step as the AVX2 build takes them: its eight 4-double weight vectors are here
@@ -171,7 +164,7 @@ double exp_sum(const float* a, int64_t n, float m, Collect* col) {
         two_sum(s_lo, c_lo, vaddq_f64(lo[0], lo[1]));
         two_sum(s_hi, c_hi, vaddq_f64(hi[0], hi[1]));
     }
-    return combine_lanes(s_lo, s_hi, c_lo, c_hi);
+    return combine_vector_lanes(s_lo, s_hi, c_lo, c_hi);
 }
 
 }  // namespace
