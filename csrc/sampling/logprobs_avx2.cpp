@@ -159,14 +159,7 @@ Stats stats_avx2(const float* a, int64_t n, float* block_max) {
             fin += __builtin_popcount(((unsigned)_mm256_movemask_ps(f1) << 8) | (unsigned)_mm256_movemask_ps(f0));
         }
         float hi = hmax(_mm256_max_ps(acc0, acc1));
-        for (; i < end; ++i) {
-            const bool f = a[i] - a[i] == 0.0f;
-            fin += f;
-            if (f && a[i] > hi) hi = a[i];
-            if (f && a[i] < st.min) st.min = a[i];
-        }
-        block_max[b] = hi;
-        if (hi > st.max) st.max = hi;
+        finish_block(a, i, end, hi, fin, st, block_max[b]);
     }
     const float vmin = hmin(lo);
     if (vmin < st.min) st.min = vmin;

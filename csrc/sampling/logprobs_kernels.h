@@ -78,6 +78,19 @@ double exp_sum_neon(const float* a, int64_t n, float m, bool plain, Collect* col
 void exp_neon(const double* d, double* out, int64_t n);
 #endif
 
+// The scalar end of a stats block (its logits [i, end) past the last whole vector): the finite
+// count, the minimum and the block's maximum `hi` updated, then recorded in `slot` and st.max.
+inline void finish_block(const float* a, int64_t i, int64_t end, float hi, int64_t& fin, Stats& st, float& slot) {
+    for (; i < end; ++i) {
+        const bool f = a[i] - a[i] == 0.0f;
+        fin += f;
+        if (f && a[i] > hi) hi = a[i];
+        if (f && a[i] < st.min) st.min = a[i];
+    }
+    slot = hi;
+    if (hi > st.max) st.max = hi;
+}
+
 // The per-lane compensated sums (s[j] + c[j], j < lanes) combined by the same error-free step, lane
 // 0 first: every build ends its pass here, so the lanes' order is one contract.
 inline double combine_lanes(const double* s, const double* c, int lanes) {

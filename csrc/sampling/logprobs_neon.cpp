@@ -190,14 +190,7 @@ Stats stats_neon(const float* a, int64_t n, float* block_max) {
         }
         fin -= (int32_t)vaddvq_u32(cnt);   // at most 64 per lane: the wrapped sum is -count
         float hi = vmaxvq_f32(vmaxq_f32(acc0, acc1));
-        for (; i < end; ++i) {
-            const bool f = a[i] - a[i] == 0.0f;
-            fin += f;
-            if (f && a[i] > hi) hi = a[i];
-            if (f && a[i] < st.min) st.min = a[i];
-        }
-        block_max[b] = hi;
-        if (hi > st.max) st.max = hi;
+        finish_block(a, i, end, hi, fin, st, block_max[b]);
     }
     const float vmin = vminvq_f32(lo);
     if (vmin < st.min) st.min = vmin;
