@@ -210,6 +210,13 @@ def main(argv=None) -> None:
     evict = _cache_evictor() if args.cold else None
     results: list[Result] = []
     rows: list[dict] = []
+
+    def put(row: dict, col: str, name: str, vals) -> None:
+        r = measure(name, "us", vals)
+        results.append(r)
+        row[col] = r.median
+        row["_names"][col] = name
+
     for kind in args.kinds.split(","):
         lg = logits_of(kind)
         for label, kw in CASES:
@@ -217,39 +224,24 @@ def main(argv=None) -> None:
             core_us(lg, kw, 5)   # warm the scratch buffers
             wall, cpu = core_us(lg, kw, reps)
             for col, vals in (("C++", wall), ("C++ cpu", cpu)):
-                name = f"sample/{kind}/{label}/{col}"
-                r = measure(name, "us", vals)
-                results.append(r)
-                row[col] = r.median
-                row["_names"][col] = name
+                put(row, col, f"sample/{kind}/{label}/{col}", vals)
             rng = Rng(1)
-            name = f"sample/{kind}/{label}"   # the name earlier baselines used for the Python call
-            r = measure(name, "us", per_call_us(lambda: sample(lg, rng=rng, **kw), reps))
-            results.append(r)
-            row["python"] = r.median
-            row["_names"]["python"] = name
+            # "sample/{kind}/{label}": the name earlier baselines used for the Python call
+            put(row, "python", f"sample/{kind}/{label}", per_call_us(lambda: sample(lg, rng=rng, **kw), reps))
             if evict is not None:
-                name = f"sample/{kind}/{label}/cold"
-                r = measure(name, "us", per_call_us(lambda: sample(lg, rng=rng, **kw), COLD_REPS, evict))
-                results.append(r)
-                row["python cold"] = r.median
-                row["_names"]["python cold"] = name
+                put(row, "python cold", f"sample/{kind}/{label}/cold",
+                    per_call_us(lambda: sample(lg, rng=rng, **kw), COLD_REPS, evict))
             if label in PROBS_CASES:
                 wall, cpu = core_us(lg, kw, max(reps // 4, 10), probabilities=True)
                 # "probs": wall, under the name earlier baselines used; "probs cpu": thread CPU
                 for col, suffix, vals in (("probs", "", wall), ("probs cpu", "/cpu", cpu)):
-                    name = f"probabilities/{kind}/{label}{suffix}"
-                    r = measure(name, "us", vals)
-                    results.append(r)
-                    row[col] = r.median
-                    row["_names"][col] = name
+                    put(row, col, f"probabilities/{kind}/{label}{suffix}", vals)
             rows.append(row)
         for label, fn in (("argmax", lambda: argmax(lg)), ("top_logprobs k=20", lambda: top_logprobs(lg, 20)),
                           ("token_and_top_logprobs k=20", lambda: token_and_top_logprobs(lg, 7, 20))):
-            name = f"{label}/{kind}"
-            r = measure(name, "us", per_call_us(fn, max(reps // 4, 10)))
-            results.append(r)
-            rows.append({"logits": kind, "case": label, "python": r.median, "_names": {"python": name}})
+            row = {"logits": kind, "case": label, "_names": {}}
+            put(row, "python", f"{label}/{kind}", per_call_us(fn, max(reps // 4, 10)))
+            rows.append(row)
         # The decode loop's logprob call in C++ (top 20 and the log-sum-exp, one pass) and, under it,
         # the per-term double exponential alone over the vocabulary (docs/sampling.md, "Log-probabilities").
         for label, pairs in (("logprobs k=20 + lse", lambda n: _core._time_logprobs(lg, 20, n)),
@@ -258,11 +250,7 @@ def main(argv=None) -> None:
             got = pairs(reps)
             row = {"logits": kind, "case": label, "_names": {}}
             for col, vals in (("C++", [w / 1e3 for w, _ in got]), ("C++ cpu", [c / 1e3 for _, c in got])):
-                name = f"{label}/{kind}/{col}"
-                r = measure(name, "us", vals)
-                results.append(r)
-                row[col] = r.median
-                row["_names"][col] = name
+                put(row, col, f"{label}/{kind}/{col}", vals)
             rows.append(row)
     worst = max((r for r in results if r.name.endswith("/C++")), key=lambda r: r.median)
     print(f"vocabulary {N_VOCAB}, numpy {np.__version__}, sampler threads {args.sampler_threads}; "
