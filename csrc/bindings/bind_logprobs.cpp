@@ -21,9 +21,6 @@ using Logits = py::array_t<float, py::array::c_style | py::array::forcecast>;
 // Below this many logits the call is too short for releasing the GIL to pay.
 constexpr int64_t kReleaseGil = 4096;
 
-// What a non-finite token logit reports (upstream's DS4_NEG_INF, returned as the double -1e30).
-constexpr double kNonFinite = -1.0e30;
-
 struct Top {
     std::vector<int32_t> ids;
     double lse = 0.0;
@@ -58,12 +55,12 @@ void init_logprobs(py::module_& m) {
               py::list top((size_t)t.count);
               for (int64_t i = 0; i < t.count; ++i) {
                   const float v = a[t.ids[(size_t)i]];
-                  top[(size_t)i] = py::make_tuple(t.ids[(size_t)i], (double)v, (double)ds4::logprob_of(v, t.lse, 0.0f));
+                  top[(size_t)i] = py::make_tuple(t.ids[(size_t)i], (double)v, ds4::logprob_of(v, t.lse));
               }
               py::object tok = py::none();
               if (token >= 0 && token < n) {
                   const float v = a[token];
-                  tok = py::float_(v - v == 0.0f ? (double)ds4::logprob_of(v, t.lse, 0.0f) : kNonFinite);
+                  tok = py::float_(ds4::logprob_of(v, t.lse));
               }
               return py::make_tuple(t.lse, std::move(top), tok);
           },

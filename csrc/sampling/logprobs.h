@@ -32,9 +32,12 @@ double finite_exp_sum(const float* a, int64_t n);
 // log-sum-exp as finite_logsumexp (NaN when no logit is finite), sharing one pass over the logits.
 int64_t top_finite_logits(const float* a, int64_t n, int64_t k, int32_t* ids, double* lse = nullptr);
 
-// (float)((double)logit - lse) for a finite logit, the caller's sentinel otherwise.
-inline float logprob_of(float logit, double lse, float non_finite) {
-    return logit - logit == 0.0f ? (float)((double)logit - lse) : non_finite;
+// Upstream's logprob of a token whose logit is not finite (its DS4_NEG_INF, -1e30, as a double).
+constexpr double kNonFiniteLogprob = -1.0e30;
+
+// (float)((double)logit - lse) for a finite logit (returned widened), kNonFiniteLogprob otherwise.
+inline double logprob_of(float logit, double lse) {
+    return logit - logit == 0.0f ? (double)(float)((double)logit - lse) : kNonFiniteLogprob;
 }
 
 // The per-term exponential of the active build, exp(d) for d in [-600, 0] (tests:

@@ -10,13 +10,10 @@ namespace logprob_kernels {
 
 namespace {
 
-constexpr double kLn2Hi = 0x1.62e42fefa39efp-5;   // as logprobs_avx512.cpp (exact first step)
-constexpr double kLn2Lo = 0x1.abc9e3b39803fp-60;
-
 struct Exp4 {
     const __m256d clamp = _mm256_set1_pd(kClamp), inv = _mm256_set1_pd(kInvLn2_16);
     const __m256d shifter = _mm256_set1_pd(kShifter);
-    const __m256d ln2_hi = _mm256_set1_pd(kLn2Hi), ln2_lo = _mm256_set1_pd(kLn2Lo);
+    const __m256d ln2_hi = _mm256_set1_pd(kLn2Hi16), ln2_lo = _mm256_set1_pd(kLn2Lo16);
     const __m256d c1 = _mm256_set1_pd(kC[0]), c2 = _mm256_set1_pd(kC[1]), c3 = _mm256_set1_pd(kC[2]);
     const __m256d c4 = _mm256_set1_pd(kC[3]), c5 = _mm256_set1_pd(kC[4]), c6 = _mm256_set1_pd(kC[5]);
     const __m256d c7 = _mm256_set1_pd(kC[6]);

@@ -9,16 +9,10 @@ namespace logprob_kernels {
 
 namespace {
 
-// ln2/16 as the nearest double plus the rest. With k != 0, |d| >= ln2/32 makes d a multiple of
-// 2^-58 and k ln2hi one of 2^-57, so their difference (below 2^-5) is exact and the fused step
-// rounds nothing; the second step rounds r once (u |r|), and |k ln2lo| < 2^-43.
-constexpr double kLn2Hi = 0x1.62e42fefa39efp-5;
-constexpr double kLn2Lo = 0x1.abc9e3b39803fp-60;
-
 struct Exp8 {
     const __m512d clamp = _mm512_set1_pd(kClamp), inv = _mm512_set1_pd(kInvLn2_16);
     const __m512d shifter = _mm512_set1_pd(kShifter);
-    const __m512d ln2_hi = _mm512_set1_pd(kLn2Hi), ln2_lo = _mm512_set1_pd(kLn2Lo);
+    const __m512d ln2_hi = _mm512_set1_pd(kLn2Hi16), ln2_lo = _mm512_set1_pd(kLn2Lo16);
     const __m512d c1 = _mm512_set1_pd(kC[0]), c2 = _mm512_set1_pd(kC[1]), c3 = _mm512_set1_pd(kC[2]);
     const __m512d c4 = _mm512_set1_pd(kC[3]), c5 = _mm512_set1_pd(kC[4]), c6 = _mm512_set1_pd(kC[5]);
     const __m512d c7 = _mm512_set1_pd(kC[6]);

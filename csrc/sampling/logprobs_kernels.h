@@ -51,6 +51,12 @@ alignas(64) constexpr uint64_t kTable[16] = {
 };
 
 constexpr double kInvLn2_16 = 0x1.71547652b82fep+4;   // 16 / ln2
+// The fused builds' ln2/16: the nearest double plus the rest. With k != 0, |d| >= ln2/32 makes d a
+// multiple of 2^-58 and k kLn2Hi16 one of 2^-57, so their difference (below 2^-5) is exact and the
+// fused step rounds nothing; the second step rounds r once (u |r|), and |k kLn2Lo16| < 2^-43.
+// (The portable build, without fused steps, splits ln2/16 its own way.)
+constexpr double kLn2Hi16 = 0x1.62e42fefa39efp-5;
+constexpr double kLn2Lo16 = 0x1.abc9e3b39803fp-60;
 constexpr double kShifter = 0x1.8p52;                 // adding 1.5 * 2^52 rounds to an integer
 // (e^r - 1) / r = 1 + r/2 + ... + r^6/7!: Taylor, truncation below 2^-54 relative for |r| <= ln2/32,
 // and it is multiplied by r (so below 2^-59 of the result).

@@ -22,13 +22,10 @@ namespace logprob_kernels {
 
 namespace {
 
-constexpr double kLn2Hi = 0x1.62e42fefa39efp-5;   // as logprobs_avx512.cpp (exact first step)
-constexpr double kLn2Lo = 0x1.abc9e3b39803fp-60;
-
 struct Exp2 {
     const float64x2_t clamp = vdupq_n_f64(kClamp), inv = vdupq_n_f64(kInvLn2_16);
     const float64x2_t shifter = vdupq_n_f64(kShifter);
-    const float64x2_t ln2_hi = vdupq_n_f64(kLn2Hi), ln2_lo = vdupq_n_f64(kLn2Lo);
+    const float64x2_t ln2_hi = vdupq_n_f64(kLn2Hi16), ln2_lo = vdupq_n_f64(kLn2Lo16);
     const float64x2_t c1 = vdupq_n_f64(kC[0]), c2 = vdupq_n_f64(kC[1]), c3 = vdupq_n_f64(kC[2]);
     const float64x2_t c4 = vdupq_n_f64(kC[3]), c5 = vdupq_n_f64(kC[4]), c6 = vdupq_n_f64(kC[5]);
     const float64x2_t c7 = vdupq_n_f64(kC[6]);
