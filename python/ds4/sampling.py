@@ -322,12 +322,7 @@ def top_logprobs(logits, k: int) -> list[TokenLogprob]:
 def token_logprob(logits, token: int) -> TokenLogprob:
     """Logprob of one token (upstream's ``ds4_session_token_logprob``); -1e30 when its logit is not
     finite."""
-    a = _as_logits(logits)
-    t = _checked_token(a, token)
-    lse, _, lp = _scored(a, 0, t)
-    if lse is None:
-        raise InvalidArgumentError("no finite logit to normalise over")
-    return TokenLogprob(t, float(a[t]), lp)
+    return token_and_top_logprobs(logits, token, 0)[0]
 
 
 def token_and_top_logprobs(logits, token: int, k: int) -> tuple[TokenLogprob, list[TokenLogprob]]:
@@ -335,7 +330,7 @@ def token_and_top_logprobs(logits, token: int, k: int) -> tuple[TokenLogprob, li
     decode loop's call when a request asks for logprobs)."""
     a = _as_logits(logits)
     t = _checked_token(a, token)
-    lse, top, lp = _scored(a, k if k > 0 else 0, t)
+    lse, top, lp = _scored(a, k, t)
     if lse is None:
         raise InvalidArgumentError("no finite logit to normalise over")
     return TokenLogprob(t, float(a[t]), lp), top
