@@ -83,6 +83,15 @@ def measure(name: str, unit: str, values: Sequence[float], **extra) -> Result:
     return Result(name, unit, statistics.median(vals), min(vals), max(vals), vals, dict(extra))
 
 
+def put(results: list[Result], row: dict, col: str, name: str, values: Sequence[float], unit: str = "us") -> None:
+    """Measure `values` under `name`, keep it in `results` and show its median in `row[col]` (the
+    table's cell, with the result's name for --baseline ratios)."""
+    r = measure(name, unit, values)
+    results.append(r)
+    row[col] = r.median
+    row.setdefault("_names", {})[col] = name
+
+
 def copy_bandwidth(mbytes: int = 256, repeats: int = 5) -> Result:
     """Single-threaded memory copy rate (bytes copied / second, numpy copyto) on buffers much
     larger than the caches; the usual 'copy' figure (the memory moves 2x these bytes)."""

@@ -44,7 +44,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "python"))
-from _common import Result, add_common_args, machine_info, measure, report  # noqa: E402
+from _common import Result, add_common_args, machine_info, put, report  # noqa: E402
 
 from ds4 import _core  # noqa: E402
 from ds4.sampling import (Rng, argmax, sample, set_sampler_threads, token_and_top_logprobs,  # noqa: E402
@@ -172,11 +172,7 @@ def thread_ab(args) -> None:
             row = {"logits": kind, "case": label, "_names": {}}
             for nt in (1, 2):
                 for col, key in ((f"wall p10 {nt}T", "p10"), (f"wall med {nt}T", "med"), (f"cpu p10 {nt}T", "cpu")):
-                    name = f"thread_ab/{kind}/{label}/{key}/{nt}"
-                    r = measure(name, "us", per[nt][key])
-                    results.append(r)
-                    row[col] = r.median
-                    row["_names"][col] = name
+                    put(results, row, col, f"thread_ab/{kind}/{label}/{key}/{nt}", per[nt][key])
             row["2T/1T p10"] = ratio
             rows.append(row)
     print(f"vocabulary {N_VOCAB}; sampler threads 1 vs 2 on a global pool of {args.pool_threads}, "
@@ -211,12 +207,6 @@ def main(argv=None) -> None:
     results: list[Result] = []
     rows: list[dict] = []
 
-    def put(row: dict, col: str, name: str, vals) -> None:
-        r = measure(name, "us", vals)
-        results.append(r)
-        row[col] = r.median
-        row["_names"][col] = name
-
     for kind in args.kinds.split(","):
         lg = logits_of(kind)
         for label, kw in CASES:
@@ -224,23 +214,23 @@ def main(argv=None) -> None:
             core_us(lg, kw, 5)   # warm the scratch buffers
             wall, cpu = core_us(lg, kw, reps)
             for col, vals in (("C++", wall), ("C++ cpu", cpu)):
-                put(row, col, f"sample/{kind}/{label}/{col}", vals)
+                put(results, row, col, f"sample/{kind}/{label}/{col}", vals)
             rng = Rng(1)
             # "sample/{kind}/{label}": the name earlier baselines used for the Python call
-            put(row, "python", f"sample/{kind}/{label}", per_call_us(lambda: sample(lg, rng=rng, **kw), reps))
+            put(results, row, "python", f"sample/{kind}/{label}", per_call_us(lambda: sample(lg, rng=rng, **kw), reps))
             if evict is not None:
-                put(row, "python cold", f"sample/{kind}/{label}/cold",
+                put(results, row, "python cold", f"sample/{kind}/{label}/cold",
                     per_call_us(lambda: sample(lg, rng=rng, **kw), COLD_REPS, evict))
             if label in PROBS_CASES:
                 wall, cpu = core_us(lg, kw, max(reps // 4, 10), probabilities=True)
                 # "probs": wall, under the name earlier baselines used; "probs cpu": thread CPU
                 for col, suffix, vals in (("probs", "", wall), ("probs cpu", "/cpu", cpu)):
-                    put(row, col, f"probabilities/{kind}/{label}{suffix}", vals)
+                    put(results, row, col, f"probabilities/{kind}/{label}{suffix}", vals)
             rows.append(row)
         for label, fn in (("argmax", lambda: argmax(lg)), ("top_logprobs k=20", lambda: top_logprobs(lg, 20)),
                           ("token_and_top_logprobs k=20", lambda: token_and_top_logprobs(lg, 7, 20))):
             row = {"logits": kind, "case": label, "_names": {}}
-            put(row, "python", f"{label}/{kind}", per_call_us(fn, max(reps // 4, 10)))
+            put(results, row, "python", f"{label}/{kind}", per_call_us(fn, max(reps // 4, 10)))
             rows.append(row)
         # The decode loop's logprob call in C++ (top 20 and the log-sum-exp, one pass) and, under it,
         # the per-term double exponential alone over the vocabulary (docs/sampling.md, "Log-probabilities").
@@ -250,7 +240,7 @@ def main(argv=None) -> None:
             got = pairs(reps)
             row = {"logits": kind, "case": label, "_names": {}}
             for col, vals in (("C++", [w / 1e3 for w, _ in got]), ("C++ cpu", [c / 1e3 for _, c in got])):
-                put(row, col, f"{label}/{kind}/{col}", vals)
+                put(results, row, col, f"{label}/{kind}/{col}", vals)
             rows.append(row)
     worst = max((r for r in results if r.name.endswith("/C++")), key=lambda r: r.median)
     print(f"vocabulary {N_VOCAB}, numpy {np.__version__}, sampler threads {args.sampler_threads}; "

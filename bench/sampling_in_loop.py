@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "python"))
-from _common import Result, add_common_args, machine_info, measure, report  # noqa: E402
+from _common import Result, add_common_args, machine_info, put, report  # noqa: E402
 
 import ds4  # noqa: E402
 from ds4.sampling import Rng, argmax, probabilities, sample  # noqa: E402
@@ -76,11 +76,7 @@ def main(argv=None) -> None:
         for n in counts:
             w, c = times[(label, n)]
             for col, vals in ((f"wall {n}T", w), (f"cpu {n}T", c)):
-                name = f"in_loop/{args.model}/{label}/{col}"
-                r = measure(name, "us", vals)
-                results.append(r)
-                row[col] = r.median
-                row["_names"][col] = name
+                put(results, row, col, f"in_loop/{args.model}/{label}/{col}", vals)
             row[f"wall p10 {n}T"] = sorted(w)[len(w) // 10]
         rows.append(row)
     print(f"{args.model}: vocabulary {eng.shape.n_vocab}, {args.threads} engine threads, {steps} steps; "
