@@ -144,14 +144,18 @@ def test_sampler_narrow_logits_every_route_equals_plain_reference(early, sigma, 
 def test_sampler_packed_prefix_on_awkward_logits(kind):
     # The packed prefix (an id and a grid level in one word, the level the partition's bucket
     # index) on logits with long tie runs, non-finite entries, a range of a few ulps, and few
-    # finite values: the prefix is collected and partitioned whatever its size.
+    # finite values: the prefix is collected and partitioned whatever its size (a range of a few ulps
+    # lies wholly above the floor, so the whole-vocabulary branch takes it instead).
     logits = _vocab_logits(5, 129_280, kind)
     old = _core()._bucket_top_p_prefix_min()
     _core()._set_bucket_top_p_prefix_min(0.0)
+    before = _core()._bucket_top_p_prefix_selections()
     try:
         with _EarlyMax(float("inf")):
             for t, top_p in ((1.0, 0.9), (1.0, 0.5), (0.7, 0.95)):
                 _assert_plain(logits, t, top_p, draws=2)
+        if kind != "tinyrange":   # there every finite logit lies above the floor: the whole-vocabulary
+            assert _core()._bucket_top_p_prefix_selections() > before   # branch decides, nothing is collected
     finally:
         _core()._set_bucket_top_p_prefix_min(old)
 
@@ -163,10 +167,12 @@ def test_sampler_packed_prefix_at_other_id_widths(n):
     logits = np.random.default_rng(n).normal(0, 3, n).astype(np.float32)
     old = _core()._bucket_top_p_prefix_min()
     _core()._set_bucket_top_p_prefix_min(0.0)
+    before = _core()._bucket_top_p_prefix_selections()
     try:
         with _EarlyMax(float("inf")):
             for top_p in (0.9, 0.5):
                 _assert_plain(logits, 1.0, top_p, draws=2)
+        assert _core()._bucket_top_p_prefix_selections() > before   # the packed prefix was partitioned
     finally:
         _core()._set_bucket_top_p_prefix_min(old)
 
