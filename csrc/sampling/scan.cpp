@@ -84,13 +84,6 @@ int64_t shifted_args(const float* a, int64_t n, float m, float t, float* x) {
     return c;
 }
 
-void shifted_args_finite(const float* a, int64_t n, float m, float t, float* x) {
-#if defined(DS4_ARCH_X86)
-    if (sampling_avx512()) return shifted_args_finite_avx512(a, n, m, t, x);
-#endif
-    for (int64_t i = 0; i < n; ++i) x[i] = t == 1.0f ? a[i] - m : (a[i] - m) / t;
-}
-
 double mass_in(const float* w, int64_t n, float lo, float hi, int step) {
 #if defined(DS4_ARCH_X86)
     if (sampling_avx512()) return mass_in_avx512(w, n, lo, hi, step);

@@ -30,8 +30,6 @@ float finite_max(const float* a, int64_t n, int64_t* n_finite = nullptr, float* 
 // x[i] = fl(fl(a[i] - m) / t), -inf for non-finite a[i] (dividing by 1 is exact: skipped);
 // returns how many a[i] are finite.
 int64_t shifted_args(const float* a, int64_t n, float m, float t, float* x);
-// The same for logits known to be finite (no test, no count): probabilities()' pieces.
-void shifted_args_finite(const float* a, int64_t n, float m, float t, float* x);
 
 // The scalar loops from entry i on, continuing counts k (and t) that a vector pass left: the
 // whole scan on any build, and the vector builds' tails (scan.cpp; plain code, so no ISA-specific
@@ -43,7 +41,6 @@ int64_t collect_above_and_tied_from(const float* a, int64_t i, int64_t n, float 
 
 float finite_max_avx512(const float* a, int64_t n, int64_t* n_finite, float* min_out);
 int64_t shifted_args_avx512(const float* a, int64_t n, float m, float t, float* x);
-void shifted_args_finite_avx512(const float* a, int64_t n, float m, float t, float* x);
 int64_t collect_finite_at_least_avx512(const float* a, int64_t n, float floor, int32_t* out, float* vals);
 int64_t collect_above_and_tied_avx512(const float* a, int64_t n, float v, int32_t* above, float* vals,
                                       int64_t limit, int32_t* tied, int64_t* n_tied);

@@ -122,23 +122,6 @@ int64_t shifted_args_avx512(const float* a, int64_t n, float m, float t, float* 
     return c;
 }
 
-void shifted_args_finite_avx512(const float* a, int64_t n, float m, float t, float* x) {
-    const __m512 mv = _mm512_set1_ps(m), tv = _mm512_set1_ps(t);
-    const bool divide = t != 1.0f;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 d = _mm512_sub_ps(_mm512_loadu_ps(a + i), mv);
-        if (divide) d = _mm512_div_ps(d, tv);
-        _mm512_storeu_ps(x + i, d);
-    }
-    if (i < n) {
-        const __mmask16 in = (__mmask16)((1u << (n - i)) - 1);
-        __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(in, a + i), mv);
-        if (divide) d = _mm512_div_ps(d, tv);
-        _mm512_mask_storeu_ps(x + i, in, d);
-    }
-}
-
 int64_t first_ratio_below_avx512(const float* w, int64_t n, float total, float bound) {
     const __m512 tv = _mm512_set1_ps(total), bv = _mm512_set1_ps(bound);
     int64_t i = 1;
