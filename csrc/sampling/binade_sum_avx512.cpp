@@ -580,28 +580,12 @@ float binade_seq_sum_guided_avx512(const float* w, int64_t n, const float* chunk
     return sum_at_predicted_units(Weights{w}, n, nullptr, info, pool);
 }
 
-float binade_weight_total_avx512(const float* x, int64_t n, float* wa) {
-    ThreadPool* pool = n >= (1 << 15) ? sampling_pool() : nullptr;
-    if (pool) {
-        static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
-        if (!wa) {
-            guides.resize((size_t)n);
-            wa = guides.data();
-        }
-        return total_parallel(Args{x}, n, wa, *pool);
-    }
-    return total(Args{x}, n, wa);
-}
-
-int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, float r) { return walk(Args{x}, wa, n, r); }
-
-int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) { return walk(Weights{w}, nullptr, n, r); }
-
-// The whole-vocabulary total of a logit source: split over the sampling pool (sampling_pool.h) when
-// there is one and the vocabulary is large, else the serial pass (same bits either way).
+// The whole-vocabulary total of a source (arguments or logits): split over the sampling pool
+// (sampling_pool.h) when there is one and the vocabulary is large, else the serial pass (same bits
+// either way).
 namespace {
 template <class Src>
-float logit_total(const Src& src, int64_t n, float* wa) {
+float source_total(const Src& src, int64_t n, float* wa) {
     ThreadPool* pool = n >= (1 << 15) ? sampling_pool() : nullptr;
     if (pool) {
         static thread_local std::vector<float> guides;   // the caller's: the pool needs somewhere for them
@@ -615,8 +599,15 @@ float logit_total(const Src& src, int64_t n, float* wa) {
 }
 }  // namespace
 
+float binade_weight_total_avx512(const float* x, int64_t n, float* wa) { return source_total(Args{x}, n, wa); }
+
+int64_t binade_weight_walk_avx512(const float* x, const float* wa, int64_t n, float r) { return walk(Args{x}, wa, n, r); }
+
+int64_t binade_seq_walk_avx512(const float* w, int64_t n, float r) { return walk(Weights{w}, nullptr, n, r); }
+
+
 float binade_logit_total_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, float* wa) {
-    return logit_total(Logits{a, m, t, all_finite, zero_below}, n, wa);
+    return source_total(Logits{a, m, t, all_finite, zero_below}, n, wa);
 }
 
 int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below, const float* wa, float r) {
@@ -625,7 +616,7 @@ int64_t binade_logit_walk_avx512(const float* a, int64_t n, float m, float t, bo
 
 float binade_logit_total_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
                                     float rel, float* wa) {
-    return logit_total(LogitsRcp{{a, m, t, all_finite, zero_below}, 1.0f / t, rel}, n, wa);
+    return source_total(LogitsRcp{{a, m, t, all_finite, zero_below}, 1.0f / t, rel}, n, wa);
 }
 
 int64_t binade_logit_walk_rcp_avx512(const float* a, int64_t n, float m, float t, bool all_finite, float zero_below,
