@@ -48,7 +48,7 @@ def _check(a, floor, hi, scale, id_bits, fine_bits):
 
 
 def _grid(n, floor, hi, fine_bits, stretch=1.0):
-    """The sampler's grid (Sampler::set_prefix_grid), its scale optionally stretched."""
+    """The sampler's grid (Sampler::collect_packed sets prefix_grid_), its scale optionally stretched."""
     with np.errstate(over="ignore", divide="ignore"):
         scale = float(F(2**fine_bits) / (F(hi) - F(floor))) * stretch
     return min(scale, FLT_MAX)
